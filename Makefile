@@ -1,0 +1,92 @@
+# lua-multiprocessing -- build, test and install.
+#
+#   make                  build the C core into build/
+#   make test             run the specs (busted, Lua 5.4)
+#   make check-asan       the same specs under AddressSanitizer + UBSan,
+#                         plus a short fuzz run of the decoder
+#   make check            both of the above, then one "N passed, N failed" line
+#   make bench            benchmarks against the floors and Python's peers
+#   make example          the example orchestration in examples/
+#   make install PREFIX=/usr/local DESTDIR=...
+#   make clean
+
+LUA        ?= lua5.4
+PKG_CONFIG ?= pkg-config
+BUSTED     ?= busted
+
+LUA_CFLAGS   := $(shell $(PKG_CONFIG) --cflags lua5.4)
+LUA_LIBS     := $(shell $(PKG_CONFIG) --libs lua5.4)
+PREFIX       ?= /usr/local
+INSTALL_CMOD ?= $(shell $(PKG_CONFIG) --define-variable=prefix=$(PREFIX) --variable=INSTALL_CMOD lua5.4)
+INSTALL_LMOD ?= $(shell $(PKG_CONFIG) --define-variable=prefix=$(PREFIX) --variable=INSTALL_LMOD lua5.4)
+INSTALL_BIN  ?= $(PREFIX)/bin
+
+WARNINGS = -Wall -Wextra -Werror -Wshadow -Wpointer-arith -Wcast-qual \
+           -Wstrict-prototypes -Wmissing-prototypes -Wmissing-declarations \
+           -Wundef -Wwrite-strings -Wformat=2 -Wredundant-decls \
+           -Wdeclaration-after-statement -Wnested-externs -Wvla
+CFLAGS  ?= -O2 -g
+ALL_CFLAGS = -std=c99 -D_GNU_SOURCE -fPIC -fvisibility=hidden $(WARNINGS) \
+             $(LUA_CFLAGS) $(CFLAGS)
+
+ifeq ($(SANITIZE),1)
+BUILD      = build-asan
+ALL_CFLAGS += -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
+              -fno-sanitize-recover=undefined
+LDSAN      = -fsanitize=address,undefined
+else
+BUILD      = build
+endif
+
+CORE_SRC = src/core.c src/context.c src/join.c src/exception.c src/reports.c \
+           src/worker.c src/start_fork.c src/start_spawn.c src/signames.c \
+           src/codec.c
+CORE_OBJ = $(CORE_SRC:src/%.c=$(BUILD)/obj/%.o)
+CORE_SO  = $(BUILD)/multiprocessing/core.so
+
+.PHONY: all test check check-asan bench example install uninstall clean
+all: $(CORE_SO)
+
+$(BUILD)/obj/%.o: src/%.c src/*.h
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -c -o $@ $<
+
+# No -llua5.4: the interpreter that loads the module already carries Lua.
+$(CORE_SO): $(CORE_OBJ)
+	@mkdir -p $(@D)
+	$(CC) -shared $(LDSAN) $(LDFLAGS) -o $@ $(CORE_OBJ)
+
+BUSTED_RUN = $(BUSTED) --lua=$(LUA) -o spec/summary_handler.lua $(SPECS)
+
+test: all
+	LUA_MP_BUILD=$(BUILD) $(BUSTED_RUN)
+
+# The interpreter is not instrumented, so the runtime is preloaded.
+ASAN_LIB = $(shell $(CC) -print-file-name=libasan.so)
+UBSAN_LIB = $(shell $(CC) -print-file-name=libubsan.so)
+check-asan:
+	$(MAKE) SANITIZE=1 all
+	LD_PRELOAD="$(ASAN_LIB) $(UBSAN_LIB)" \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:allow_user_segv_handler=1 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	LUA_MP_BUILD=build-asan $(BUSTED_RUN)
+
+check:
+	sh scripts/check.sh
+
+example: all
+	$(LUA) examples/pipeline.lua
+
+bench: all
+	sh scripts/bench.sh
+
+install: all
+	install -d $(DESTDIR)$(INSTALL_CMOD)/multiprocessing $(DESTDIR)$(INSTALL_LMOD)/multiprocessing
+	install -m 0755 $(CORE_SO) $(DESTDIR)$(INSTALL_CMOD)/multiprocessing/core.so
+	install -m 0644 lua/multiprocessing/*.lua $(DESTDIR)$(INSTALL_LMOD)/multiprocessing/
+
+uninstall:
+	rm -rf $(DESTDIR)$(INSTALL_CMOD)/multiprocessing $(DESTDIR)$(INSTALL_LMOD)/multiprocessing
+
+clean:
+	rm -rf build build-asan

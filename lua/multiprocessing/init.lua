@@ -1,0 +1,29 @@
+--- multiprocessing: start Lua worker processes, join them, and get their
+-- failures back as exceptions -- torch.multiprocessing for Lua.
+--
+-- The system work is done in C (multiprocessing.core); this layer re-exports
+-- it and adds what is convenient to write in Lua.
+local core = require "multiprocessing.core"
+
+local M = {}
+for name, value in pairs(core) do
+  M[name] = value
+end
+
+M._VERSION = "0.1.0"
+
+-- torch renamed SpawnContext to ProcessContext; the old name still works and
+-- warns once per Lua state.
+local warned_spawn_context = false
+return setmetatable(M, {
+  __index = function(_, name)
+    if name == "SpawnContext" then
+      if not warned_spawn_context then
+        warned_spawn_context = true
+        warn("multiprocessing.SpawnContext is renamed to ProcessContext; ",
+             "the old name will be removed")
+      end
+      return M.ProcessContext
+    end
+  end,
+})

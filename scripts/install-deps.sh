@@ -1,0 +1,19 @@
+#!/bin/sh
+# Installs everything the build, the specs and the example need on a fresh
+# Debian machine.  Safe to run again: packages already present are skipped.
+set -eu
+
+packages="build-essential pkg-config lua5.4 liblua5.4-dev lua-busted clang python3"
+
+missing=""
+for p in $packages; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -q --no-install-recommends $missing

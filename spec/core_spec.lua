@@ -1,0 +1,387 @@
+-- The core runtime: start_processes / spawn, ProcessContext, exceptions,
+-- termination and cleanup.  Every spec runs under each start method.
+local mp = require "multiprocessing"
+local H = require "helpers"
+
+local LUA = "lua5.4"
+local HERE = "package.path = " .. ("%q"):format(package.path) ..
+             "; package.cpath = " .. ("%q"):format(package.cpath) .. "; "
+
+-- Runs a Lua script in a child interpreter started by sh; returns the file
+-- the script may write its pids to, and the popen handle.
+local function run_script(body)
+  local script = os.tmpname()
+  local f = assert(io.open(script, "w"))
+  f:write(HERE, body)
+  f:close()
+  return script
+end
+
+local function sleep_forever()
+  os.execute("sleep 30")
+end
+
+for _, method in ipairs(H.methods) do
+  describe("start method " .. method .. ":", function()
+    local before
+    before_each(function() before = H.snapshot() end)
+    after_each(function() H.check(before) end)
+
+    local function start(fn, args, n, join, daemon)
+      return mp.start_processes(fn, args, n, join, daemon, method)
+    end
+
+    it("runs fn in every worker and returns after all exited 0", function()
+      local results = start(function() end, {}, 3)
+      assert.are.equal(3, results.n)
+    end)
+
+    it("passes the rank first, then the args, 0-based like torch", function()
+      local results = start(function(i, a, b) return { i, a, b } end,
+                            { "x", 42 }, 2)
+      assert.are.same({ { 0, "x", 42 }, { 1, "x", 42 }, n = 2 }, results)
+    end)
+
+    it("honours args.n so trailing nils are passed", function()
+      local results = start(function(_, a, b, c)
+        return select("#", a, b, c) .. tostring(b)
+      end, { n = 3, 1 }, 1)
+      assert.are.equal("3nil", results[1])
+    end)
+
+    it("returns a context with join=false, and join is repeatable", function()
+      local ctx = start(function() end, {}, 2, false)
+      assert.is_true(mp.isinstance(ctx, mp.ProcessContext))
+      assert.are.equal(2, #ctx:pids())
+      assert.is_true(ctx:join())
+      assert.is_true(ctx:join())
+      assert.are.equal(0, ctx.processes[1].exitcode)
+      assert.are.equal(0, ctx.processes[2].exitcode)
+      assert.is_false(ctx.processes[1]:is_alive())
+    end)
+
+    it("gives per-rank process objects with pid and exitcode", function()
+      local ctx = start(function(i) if i == 1 then os.execute("sleep 0.3") end end,
+                        {}, 2, false)
+      local p = ctx.processes[2]
+      assert.are.equal(ctx:pids()[2], p.pid)
+      assert.is_nil(p.exitcode)
+      assert.is_true(p:is_alive())
+      assert.is_true(ctx:join())
+      assert.are.equal(0, p.exitcode)
+    end)
+
+    it("raises ProcessRaisedException with the worker's traceback", function()
+      local ok, e = pcall(start, function(i)
+        if i == 1 then error("boom in worker") end
+      end, {}, 2)
+      assert.is_false(ok)
+      assert.is_true(mp.isinstance(e, mp.ProcessRaisedException))
+      assert.is_true(mp.isinstance(e, mp.ProcessException))
+      assert.is_false(mp.isinstance(e, mp.ProcessExitedException))
+      assert.are.equal(1, e.error_index)
+      assert.are.equal(e.error_pid, e.pid)
+      assert.are.equal(tostring(e), e.msg)
+      local head = "\n\n-- Process 1 terminated with the following error:\n"
+      assert.are.equal(head, e.msg:sub(1, #head))
+      assert.truthy(e.msg:find("stack traceback", 1, true))
+      assert.are.equal("boom in worker", e.msg:sub(-#"boom in worker"))
+      assert.truthy(e.msg:find("core_spec.lua:%d+: boom in worker$"))
+    end)
+
+    it("raises for an exception in every worker and keeps the others", function()
+      local ok, e = pcall(start, function(i) error("fail " .. i) end, {}, 3)
+      assert.is_false(ok)
+      assert.is_true(mp.isinstance(e, mp.ProcessRaisedException))
+      local seen = { [e.error_index] = true }
+      for _, f in ipairs(e.failures) do
+        assert.is_true(mp.isinstance(f, mp.ProcessRaisedException))
+        assert.truthy(f.msg:find("fail " .. f.error_index .. "$"))
+        seen[f.error_index] = true
+      end
+      assert.truthy(e.msg:find("fail " .. e.error_index .. "$"))
+      -- the others either failed on their own (in failures) or were terminated
+      assert.is_true(#e.failures <= 2)
+    end)
+
+    it("reports a worker killed by SIGABRT", function()
+      local ok, e = pcall(start, function()
+        os.execute("kill -ABRT $PPID; sleep 5")
+      end, {}, 1)
+      assert.is_false(ok)
+      assert.is_true(mp.isinstance(e, mp.ProcessExitedException))
+      assert.are.equal("process 0 terminated with signal SIGABRT", e.msg)
+      assert.are.equal(-6, e.exit_code)
+      assert.are.equal("SIGABRT", e.signal_name)
+    end)
+
+    it("reports exit(123) and leaves nothing alive", function()
+      local ctx = start(function(i)
+        if i == 1 then os.exit(123) end
+        sleep_forever()
+      end, {}, 2, false)
+      local pids = ctx:pids()
+      local ok, e = pcall(ctx.join, ctx)
+      assert.is_false(ok)
+      assert.is_true(mp.isinstance(e, mp.ProcessExitedException))
+      assert.are.equal("process 1 terminated with exit code 123", e.msg)
+      assert.are.equal(123, e.exit_code)
+      assert.is_nil(e.signal_name)
+      assert.are.same({}, e.failures)
+      for _, pid in ipairs(pids) do assert.is_false(H.alive(pid)) end
+      -- join keeps raising the same failure
+      local ok2, e2 = pcall(ctx.join, ctx)
+      assert.is_false(ok2)
+      assert.are.equal(e, e2)
+    end)
+
+    it("raises for an exception after another worker succeeded", function()
+      local ok, e = pcall(start, function(i)
+        if i == 1 then
+          os.execute("sleep 0.2")
+          error("late failure")
+        end
+      end, {}, 2)
+      assert.is_false(ok)
+      assert.are.equal(1, e.error_index)
+      assert.truthy(e.msg:find("late failure$"))
+    end)
+
+    it("reports a worker terminated by an outside SIGTERM", function()
+      local ctx = start(sleep_forever, {}, 2, false)
+      os.execute("kill -TERM " .. ctx:pids()[1])
+      local ok, e = pcall(ctx.join, ctx)
+      assert.is_false(ok)
+      assert.is_true(mp.isinstance(e, mp.ProcessExitedException))
+      assert.are.equal("process 0 terminated with signal SIGTERM", e.msg)
+      assert.are.equal(-15, e.exit_code)
+    end)
+
+    it("waits grace_period for the others before terminating them", function()
+      local ctx = start(function(i)
+        if i == 0 then error("first") end
+        os.execute("sleep 0.3")
+      end, {}, 2, false)
+      local ok, e = pcall(ctx.join, ctx, nil, 10)
+      assert.is_false(ok)
+      assert.are.equal(0, e.error_index)
+      assert.are.equal(0, ctx.processes[2].exitcode)
+    end)
+
+    it("terminates the others at once without a grace_period", function()
+      local ctx = start(function(i)
+        if i == 0 then error("first") end
+        sleep_forever()
+      end, {}, 2, false)
+      local ok = pcall(ctx.join, ctx)
+      assert.is_false(ok)
+      assert.are.equal(-15, ctx.processes[2].exitcode)
+    end)
+
+    it("kills the workers' children with them", function()
+      local file = os.tmpname()
+      local ok = pcall(start, function()
+        os.execute("sleep 30 & echo $! > " .. file)
+        error("leaving a grandchild behind")
+      end, {}, 1)
+      assert.is_false(ok)
+      local pid = tonumber(H.read(file))
+      os.remove(file)
+      assert.is_truthy(pid)
+      assert.is_true(H.eventually(function() return not H.alive(pid) end, 2))
+    end)
+
+    it("returns false when join times out, then true", function()
+      local ctx = start(function() os.execute("sleep 0.3") end, {}, 2, false)
+      assert.is_false(ctx:join(0.01))
+      assert.is_false(ctx:join(0))
+      assert.is_true(ctx:join(10))
+    end)
+
+    it("terminates and reaps on close of a to-be-closed context", function()
+      local pids
+      do
+        local ctx <close> = start(sleep_forever, {}, 2, false)
+        pids = ctx:pids()
+        assert.is_true(H.alive(pids[1]))
+      end
+      for _, pid in ipairs(pids) do assert.is_false(H.alive(pid)) end
+    end)
+
+    it("terminates and reaps when a context is collected", function()
+      local pids = start(sleep_forever, {}, 2, false):pids()
+      collectgarbage()
+      collectgarbage()
+      for _, pid in ipairs(pids) do assert.is_false(H.alive(pid)) end
+    end)
+
+    it("sends a structured error value back in e.value", function()
+      local ok, e = pcall(start, function()
+        error({ code = 42, reason = "disk full" })
+      end, {}, 1)
+      assert.is_false(ok)
+      assert.are.same({ code = 42, reason = "disk full" }, e.value)
+      assert.truthy(e.msg:find("(error object is a table value)", 1, true))
+    end)
+
+    it("uses __tostring of an error value, even one that fails", function()
+      local ok, e = pcall(start, function(i)
+        local mt = { __tostring = i == 0 and function() return "custom text" end
+                                      or function() error("broken tostring") end }
+        error(setmetatable({}, mt))
+      end, {}, 2)
+      assert.is_false(ok)
+      local all = { e, table.unpack(e.failures) }
+      for _, x in ipairs(all) do
+        if x.error_index == 0 then
+          assert.truthy(x.msg:find("custom text$"))
+        else
+          assert.truthy(x.msg:find("__tostring failed", 1, true))
+        end
+      end
+    end)
+
+    it("caps a huge error report with a visible marker", function()
+      local ok, e = pcall(start, function()
+        error(string.rep("x", 8 * 1024 * 1024) .. "END")
+      end, {}, 1)
+      assert.is_false(ok)
+      assert.truthy(#e.msg < 2 * 1024 * 1024)
+      assert.truthy(e.msg:find("bytes of this error report omitted", 1, true))
+      assert.are.equal("END", e.msg:sub(-3))
+    end)
+
+    it("does not print output buffered before the start twice", function()
+      local script = run_script(([[
+        local mp = require "multiprocessing"
+        io.write("before;")
+        mp.start_processes(function() io.write("worker;") end, {}, 2, true, false, %q)
+        io.write("after")
+      ]]):format(method))
+      local out = H.sh(LUA .. " " .. script .. " | cat")
+      os.remove(script)
+      assert.are.equal("before;worker;worker;after", out)
+    end)
+
+    it("takes the workers down when the parent is SIGKILLed", function()
+      local pidfile = os.tmpname()
+      local script = run_script(([[
+        local mp = require "multiprocessing"
+        local ctx = mp.start_processes(function() os.execute("sleep 30") end, {}, 2, false, false, %q)
+        local f = io.open(%q, "w")
+        f:write(io.open("/proc/self/stat"):read("a"):match("^%%d+"), " ", table.concat(ctx:pids(), " "))
+        f:close()
+        ctx:join()
+      ]]):format(method, pidfile))
+      local sh = io.popen(LUA .. " " .. script .. " 2>/dev/null")
+      local pids = H.eventually(function()
+        local s = H.read(pidfile)
+        return s and #s > 0 and s
+      end, 10)
+      local list = {}
+      for p in pids:gmatch("%d+") do list[#list + 1] = tonumber(p) end
+      assert.are.equal(3, #list)
+      os.execute("kill -KILL " .. list[1])
+      sh:close()
+      os.remove(pidfile)
+      os.remove(script)
+      for i = 2, 3 do
+        assert.is_true(H.eventually(function() return not H.alive(list[i]) end, 2))
+      end
+    end)
+
+    it("terminates the workers on Ctrl-C during join", function()
+      local pidfile = os.tmpname()
+      local script = run_script(([[
+        local mp = require "multiprocessing"
+        local ctx = mp.start_processes(function() os.execute("sleep 30") end, {}, 2, false, false, %q)
+        local f = io.open(%q, "w")
+        f:write(io.open("/proc/self/stat"):read("a"):match("^%%d+"), " ", table.concat(ctx:pids(), " "))
+        f:close()
+        local ok, err = pcall(ctx.join, ctx)
+        print(ok, err)
+        print(ctx.processes[1].exitcode, ctx.processes[2].exitcode)
+      ]]):format(method, pidfile))
+      local sh = io.popen(LUA .. " " .. script .. " 2>&1")
+      local pids = H.eventually(function()
+        local s = H.read(pidfile)
+        return s and #s > 0 and s
+      end, 10)
+      local list = {}
+      for p in pids:gmatch("%d+") do list[#list + 1] = tonumber(p) end
+      os.execute("kill -INT " .. list[1])
+      local out = sh:read("a")
+      sh:close()
+      os.remove(pidfile)
+      os.remove(script)
+      assert.truthy(out:find("false\tinterrupted", 1, true), out)
+      assert.truthy(out:find("-15\t-15", 1, true), out)
+      assert.is_false(H.alive(list[2]))
+      assert.is_false(H.alive(list[3]))
+    end)
+  end)
+end
+
+describe("bad arguments", function()
+  local before
+  before_each(function() before = H.snapshot() end)
+  after_each(function() H.check(before) end)
+
+  local function f() end
+  local cases = {
+    { "fn not a function", { 42 }, "bad argument #1 to '[%w.]*start_processes' %(function expected, got number%)" },
+    { "args not a table", { f, "x" }, "bad argument #2 to '[%w.]*start_processes' %(table expected, got string%)" },
+    { "nprocs zero", { f, {}, 0 }, "bad argument #3 to '[%w.]*start_processes' %(positive integer expected, got 0%)" },
+    { "nprocs negative", { f, {}, -2 }, "bad argument #3 .*positive integer expected, got %-2" },
+    { "nprocs fractional", { f, {}, 1.5 }, "bad argument #3 .*positive integer expected, got 1.5" },
+    { "nprocs a string", { f, {}, "2" }, "bad argument #3 .*positive integer expected, got string" },
+    { "join not a boolean", { f, {}, 1, "yes" }, "bad argument #4 .*boolean expected, got string" },
+    { "daemon not a boolean", { f, {}, 1, true, 1 }, "bad argument #5 .*boolean expected, got number" },
+    { "unknown start method", { f, {}, 1, true, false, "thread" },
+      "bad argument #6 to '[%w.]*start_processes' %(unknown start method 'thread'" },
+  }
+  for _, case in ipairs(cases) do
+    it("rejects " .. case[1] .. " before starting anything", function()
+      local ok, err = pcall(mp.start_processes, table.unpack(case[2], 1, 6))
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(case[3]), err)
+      assert.are.same({}, H.children())
+    end)
+  end
+
+  it("rejects a negative or non-number join timeout", function()
+    local ctx = mp.start_processes(f, {}, 1, false, false, "fork")
+    local ok, err = pcall(function() return ctx:join(-1) end)
+    assert.is_false(ok)
+    assert.truthy(err:find("bad argument #1 to 'join' %(non%-negative number expected"), err)
+    ok, err = pcall(function() return ctx:join("soon") end)
+    assert.is_false(ok)
+    assert.truthy(err:find("number expected, got string"), err)
+    assert.is_true(ctx:join())
+  end)
+end)
+
+describe("exceptions", function()
+  it("isinstance answers for any value", function()
+    for _, v in ipairs({ "str", 1, true, {}, print, io.stdout }) do
+      assert.is_false(mp.isinstance(v, mp.ProcessException))
+    end
+    assert.is_false(mp.isinstance(nil, mp.ProcessException))
+  end)
+
+  it("an uncaught exception prints its full message in lua5.4", function()
+    local script = run_script([[
+      local mp = require "multiprocessing"
+      mp.start_processes(function() error("uncaught in worker") end, {}, 1, true, false, "fork")
+    ]])
+    local out = H.sh(LUA .. " " .. script .. " 2>&1; echo rc=$?")
+    os.remove(script)
+    assert.truthy(out:find("-- Process 0 terminated with the following error:", 1, true), out)
+    assert.truthy(out:find("uncaught in worker", 1, true), out)
+    assert.truthy(out:find("rc=1", 1, true), out)
+  end)
+
+  it("SpawnContext is ProcessContext", function()
+    assert.are.equal(mp.ProcessContext, mp.SpawnContext)
+  end)
+end)

@@ -1,0 +1,125 @@
+-- Shared by the specs: what a test leaves behind, and small process tools.
+local assert = require "luassert"
+
+local H = {}
+
+local function read(path)
+  local f = io.open(path)
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+H.read = read
+
+--- This process's pid (the Lua interpreter running busted).
+function H.pid()
+  return tonumber(read("/proc/self/stat"):match("^(%d+)"))
+end
+
+--- Pids of our direct children (zombies included); busted runs on one
+-- thread, whose id is the pid.
+function H.children()
+  local pid = H.pid()
+  local out = {}
+  for child in read(("/proc/%d/task/%d/children"):format(pid, pid)):gmatch("%d+") do
+    out[#out + 1] = tonumber(child)
+  end
+  return out
+end
+
+--- The process state letter (R, S, Z, ...) of pid, or nil when it is gone.
+function H.state(pid)
+  local stat = read("/proc/" .. pid .. "/stat")
+  return stat and stat:match("%) (%a)")
+end
+
+function H.alive(pid)
+  local s = H.state(pid)
+  return s ~= nil and s ~= "Z"
+end
+
+--- The lines a shell command prints (the pipe is closed, the shell reaped).
+local function lines(cmd)
+  local f = io.popen(cmd)
+  local out = {}
+  for line in f:lines() do out[#out + 1] = line end
+  f:close()
+  return out
+end
+
+--- Our open fds (the listing's own pipe included, in every snapshot alike).
+function H.fds()
+  local out = {}
+  for _, fd in ipairs(lines("ls /proc/" .. H.pid() .. "/fd")) do
+    out[#out + 1] = tonumber(fd)
+  end
+  table.sort(out)
+  return out
+end
+
+local function tmp_root()
+  local t = os.getenv("TMPDIR")
+  return (t and t ~= "") and t or "/tmp"
+end
+
+--- Report directories left in the temp root.
+function H.errdirs()
+  local out = {}
+  for _, name in ipairs(lines("ls -a " .. tmp_root())) do
+    if name:match("^lua%-mp%-") then out[#out + 1] = name end
+  end
+  return out
+end
+
+--- Entries in /dev/shm.
+function H.shm()
+  local out = {}
+  for _, name in ipairs(lines("ls -a /dev/shm")) do
+    if name ~= "." and name ~= ".." then out[#out + 1] = name end
+  end
+  table.sort(out)
+  return out
+end
+
+--- A snapshot of what a spec may not leave behind; compare with H.check.
+function H.snapshot()
+  collectgarbage()
+  collectgarbage()
+  return { fds = H.fds(), errdirs = H.errdirs(), shm = H.shm() }
+end
+
+--- Asserts nothing leaked since 'before': no child (zombie or not), no new
+-- fd, no report directory, no /dev/shm entry.
+function H.check(before)
+  collectgarbage()
+  collectgarbage()
+  assert.are.same({}, H.children(), "child processes left")
+  assert.are.same(before.fds, H.fds(), "fds left open")
+  assert.are.same(before.errdirs, H.errdirs(), "report files left")
+  assert.are.same(before.shm, H.shm(), "/dev/shm entries left")
+end
+
+--- Waits until pred() is true or 'seconds' pass; returns pred's last value.
+function H.eventually(pred, seconds)
+  local deadline = os.time() + (seconds or 5)
+  repeat
+    local v = pred()
+    if v then return v end
+    os.execute("sleep 0.02")
+  until os.time() > deadline
+  return pred()
+end
+
+--- Runs a shell command, returns its output.
+function H.sh(cmd)
+  local f = io.popen(cmd)
+  local out = f:read("a")
+  f:close()
+  return out
+end
+
+--- The start methods every process spec runs under.
+H.methods = { "fork" }  -- TEMP
+
+return H

@@ -1,0 +1,1299 @@
+/*
+** codec.c -- Lua values <-> bytes (the contract is codec.h).
+**
+** Wire format.  Numbers of fixed width are little-endian; a varint is
+** LEB128 (7 bits a byte, low first, at most 10 bytes).
+**
+**   message = MAGIC VERSION varint(n) value{n}      nothing may follow
+**   value   = T_NIL | T_FALSE | T_TRUE
+**           | T_INT varint(zigzag(i))
+**           | T_FLOAT u64(IEEE 754 bits)          NaN payloads, -0.0 kept
+**           | T_STRING str                        str = varint(len) bytes
+**           | T_TABLE table | T_TABLEMT table value(metatable)
+**           | T_REF varint(k)                     the k-th object, 1-based
+**           | T_GLOBALS                           the receiver's globals
+**           | T_MODULE str(name)                  require(name)
+**           | T_MODFIELD str(name) str(field)     require(name)[field]
+**           | T_FUNCTION u32(len) bytecode varint(nup) upvalue{nup}
+**           | T_USERDATA str(tname) u32(nbytes) u32(nfds) bytes
+**   table   = varint(narray) u32(nhash) value{narray} (value value){nhash}
+**   upvalue = value | T_UPJOIN varint(k) varint(i)  shares upvalue i of the
+**                                                  k-th object (a function)
+**
+** Objects are numbered in the order their T_TABLE, T_TABLEMT, T_FUNCTION or
+** T_USERDATA tag appears, before their contents, so T_REF rebuilds cycles and
+** shared references across all n values.  Module references and the globals
+** are resolved by name and need no number.  Counts known only after the
+** contents are written (hash entries, bytecode, userdata payloads) are u32s
+** patched in place.
+**
+** What crosses in each mode:
+** - MP_CODEC_DATA: functions only as module fields (T_MODULE, T_MODFIELD);
+**   tables are copied, except the globals; a metatable only as a module,
+**   because a decoded metatable would run the sender's choice of functions
+**   implicitly (__gc, __index) in the receiver.
+** - MP_CODEC_FUNCTIONS: also Lua functions as unstripped bytecode with
+**   their upvalues, module tables by reference, any metatable.
+** Decoding in DATA mode takes untrusted input: every count is checked
+** against the bytes left before anything is allocated, and everything
+** allocated is a Lua object on the stack, so an error frees it.
+*/
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "mp.h"
+
+#if LUA_FLOAT_TYPE != LUA_FLOAT_DOUBLE || LUA_INT_TYPE != LUA_INT_LONGLONG
+#error "the wire format assumes 64-bit Lua integers and double floats"
+#endif
+
+#define MAGIC    0xCD
+#define VERSION  1
+
+/* Tables and functions nest at most this deep, which bounds the C
+** recursion of both encoder and decoder (and the Lua stack they use). */
+#define MAXDEPTH 1000
+
+enum {
+  T_NIL, T_FALSE, T_TRUE, T_INT, T_FLOAT, T_STRING, T_TABLE, T_TABLEMT,
+  T_REF, T_GLOBALS, T_MODULE, T_MODFIELD, T_FUNCTION, T_USERDATA, T_UPJOIN
+};
+
+/* registry key of the table tname -> light userdata (const mp_CodecType *) */
+#define TYPES_KEY  "multiprocessing.codec.types"
+#define BOX_T      "multiprocessing.codec.Box"
+#define FDLIST_T   "multiprocessing.codec.FdList"
+
+
+/* Raises a message without a position: the contracts of codec.h are exact
+** messages, and the position of whoever called into C says nothing. */
+static int fail (lua_State *L, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  lua_pushvfstring(L, fmt, ap);
+  va_end(ap);
+  return lua_error(L);
+}
+
+
+/*
+** {==================================================================
+** The box: the encoding's bytes and descriptors
+** ===================================================================
+*/
+
+typedef struct Box {
+  char *data;
+  size_t size, cap;
+  int *fds;          /* borrowed from the objects in the uservalue */
+  size_t nfds, fdcap;
+} Box;
+
+static void box_free (Box *b) {
+  free(b->data);
+  free(b->fds);
+  memset(b, 0, sizeof(*b));
+}
+
+static int box_gc (lua_State *L) {
+  box_free((Box *)luaL_checkudata(L, 1, BOX_T));
+  return 0;
+}
+
+/* Pushes an empty box.  Its one uservalue will hold the userdata whose
+** descriptors the box borrows. */
+static Box *push_box (lua_State *L) {
+  Box *b = (Box *)lua_newuserdatauv(L, sizeof(Box), 1);
+  memset(b, 0, sizeof(*b));
+  if (luaL_newmetatable(L, BOX_T)) {
+    lua_pushcfunction(L, box_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, box_gc);
+    lua_setfield(L, -2, "__close");
+  }
+  lua_setmetatable(L, -2);
+  return b;
+}
+
+/* Makes room for 'n' more bytes or raises. */
+static void box_grow (lua_State *L, Box *b, size_t n) {
+  size_t cap;
+  char *data;
+  if (n > SIZE_MAX / 2 - b->size)
+    fail(L, "message too large");
+  cap = b->size + n;
+  if (cap < 2 * b->cap) cap = 2 * b->cap;
+  if (cap < 256) cap = 256;
+  data = (char *)realloc(b->data, cap);
+  if (data == NULL)
+    fail(L, "not enough memory for a message of %I bytes", (lua_Integer)cap);
+  b->data = data;
+  b->cap = cap;
+}
+
+static void box_add_fd (lua_State *L, Box *b, int fd) {
+  if (b->nfds == b->fdcap) {
+    size_t cap = b->fdcap ? 2 * b->fdcap : 4;
+    int *fds = (int *)realloc(b->fds, cap * sizeof(int));
+    if (fds == NULL)
+      fail(L, "not enough memory");
+    b->fds = fds;
+    b->fdcap = cap;
+  }
+  b->fds[b->nfds++] = fd;
+}
+
+/* }================================================================== */
+
+
+/*
+** {==================================================================
+** Encoder
+** ===================================================================
+*/
+
+/* Stack slots of an encoding, as offsets from the box (e->box_idx).  Tables
+** start as nil and are made when first needed, so that a message of plain
+** values costs no table at all. */
+enum {
+  S_SEEN = 1,   /* object -> its number */
+  S_UPVALS,     /* lua_upvalueid -> number of its function * 256 + index */
+  S_MODULES,    /* module value or module field function -> module name */
+  S_FIELDS,     /* module field function -> field name */
+  S_GLOBALS,    /* the globals table */
+  S_NSLOTS
+};
+
+struct mp_Writer {
+  lua_State *L;
+  Box *box;
+  int box_idx;
+  int flags;
+  int depth;
+  lua_Integer nobjs;   /* objects numbered so far */
+  const char *to;      /* ends the "cannot send" messages */
+};
+
+typedef mp_Writer Enc;
+
+static char *room (Enc *e, size_t n) {
+  Box *b = e->box;
+  if (b->cap - b->size < n) box_grow(e->L, b, n);
+  return b->data + b->size;
+}
+
+static void put_byte (Enc *e, int byte) {
+  *room(e, 1) = (char)byte;
+  e->box->size++;
+}
+
+static void put_bytes (Enc *e, const void *p, size_t n) {
+  memcpy(room(e, n), p, n);
+  e->box->size += n;
+}
+
+static void put_varint (Enc *e, lua_Unsigned u) {
+  unsigned char *p = (unsigned char *)room(e, 10);
+  size_t n = 0;
+  while (u >= 0x80) {
+    p[n++] = (unsigned char)(u | 0x80);
+    u >>= 7;
+  }
+  p[n++] = (unsigned char)u;
+  e->box->size += n;
+}
+
+static void put_lstring (Enc *e, const char *s, size_t len) {
+  put_varint(e, len);
+  put_bytes(e, s, len);
+}
+
+/* Reserves a u32 to be patched when its value is known. */
+static size_t reserve_u32 (Enc *e) {
+  room(e, 4);
+  e->box->size += 4;
+  return e->box->size - 4;
+}
+
+static void patch_u32 (Enc *e, size_t at, size_t v, const char *what) {
+  unsigned char *p = (unsigned char *)e->box->data + at;
+  int i;
+  if (v > UINT32_MAX)
+    fail(e->L, "cannot send %s of %I bytes", what, (lua_Integer)v);
+  for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void put_number (Enc *e, int idx) {
+  lua_State *L = e->L;
+  if (lua_isinteger(L, idx)) {
+    lua_Unsigned u = (lua_Unsigned)lua_tointeger(L, idx);
+    put_byte(e, T_INT);
+    put_varint(e, (u << 1) ^ (0 - (u >> 63)));  /* zigzag: small |i|, few bytes */
+  }
+  else {
+    lua_Number x = lua_tonumber(L, idx);
+    unsigned char *p = (unsigned char *)room(e, 9);
+    uint64_t bits;
+    int i;
+    memcpy(&bits, &x, sizeof(bits));
+    p[0] = T_FLOAT;
+    for (i = 0; i < 8; i++) p[1 + i] = (unsigned char)(bits >> (8 * i));
+    e->box->size += 9;
+  }
+}
+
+/* Table slots are made on first use. */
+static int lazy_table (Enc *e, int slot) {
+  int idx = e->box_idx + slot;
+  if (lua_isnil(e->L, idx)) {
+    lua_newtable(e->L);
+    lua_replace(e->L, idx);
+  }
+  return idx;
+}
+
+
+/*
+** {------------------------------------------------------------------
+** Paths: how the value being encoded was reached, for error messages.
+** Steps live on the C stack of the recursion and cost nothing until a
+** message needs them.
+** -------------------------------------------------------------------
+*/
+
+enum {
+  STEP_TOP,      /* value i of the message: names[i] */
+  STEP_INDEX,    /* array item 'i' of the table reached by 'up' */
+  STEP_FIELD,    /* value at the key at stack index 'key' */
+  STEP_KEY,      /* a key of the table reached by 'up' */
+  STEP_UPVALUE,  /* upvalue 'name' of the function reached by 'up' */
+  STEP_META      /* the metatable of the table reached by 'up' */
+};
+
+typedef struct Step {
+  const struct Step *up;
+  int kind;
+  const char *name;   /* STEP_UPVALUE; STEP_TOP: NULL for "value<i>" */
+  int key;            /* STEP_FIELD */
+  lua_Integer i;      /* STEP_INDEX, STEP_TOP */
+} Step;
+
+static int is_name (const char *s, size_t len) {
+  static const char *const reserved[] = {
+    "and", "break", "do", "else", "elseif", "end", "false", "for",
+    "function", "goto", "if", "in", "local", "nil", "not", "or", "repeat",
+    "return", "then", "true", "until", "while"
+  };
+  size_t i;
+  for (i = 0; i < len; i++) {
+    char c = s[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+          (i > 0 && c >= '0' && c <= '9')))
+      return 0;
+  }
+  for (i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++)
+    if (strcmp(s, reserved[i]) == 0) return 0;
+  return len > 0;
+}
+
+#define MAXKEYSHOWN 40
+
+/* Pushes ["key"], escaped and shortened the way a reader can make out. */
+static void push_quoted_key (lua_State *L, const char *s, size_t len) {
+  luaL_Buffer b;
+  size_t i;
+  luaL_buffinit(L, &b);
+  luaL_addstring(&b, "[\"");
+  for (i = 0; i < len && i < MAXKEYSHOWN; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c == '"' || c == '\\') {
+      luaL_addchar(&b, '\\');
+      luaL_addchar(&b, (char)c);
+    }
+    else if (c < 32 || c >= 127) {
+      char esc[5];
+      snprintf(esc, sizeof(esc), "\\%03u", c);
+      luaL_addstring(&b, esc);
+    }
+    else luaL_addchar(&b, (char)c);
+  }
+  if (len > MAXKEYSHOWN) luaL_addstring(&b, "...");
+  luaL_addstring(&b, "\"]");
+  luaL_pushresult(&b);
+}
+
+/* Pushes the suffix that indexes with the key at 'k': .name, [2], ["a b"],
+** [table]. */
+static void push_key_suffix (lua_State *L, int k) {
+  switch (lua_type(L, k)) {
+    case LUA_TSTRING: {
+      size_t len;
+      const char *s = lua_tolstring(L, k, &len);
+      if (is_name(s, len)) lua_pushfstring(L, ".%s", s);
+      else push_quoted_key(L, s, len);
+      break;
+    }
+    case LUA_TNUMBER:
+      if (lua_isinteger(L, k)) lua_pushfstring(L, "[%I]", lua_tointeger(L, k));
+      else lua_pushfstring(L, "[%f]", lua_tonumber(L, k));
+      break;
+    case LUA_TBOOLEAN:
+      lua_pushstring(L, lua_toboolean(L, k) ? "[true]" : "[false]");
+      break;
+    default:
+      lua_pushfstring(L, "[%s]", luaL_typename(L, k));
+  }
+}
+
+/* Pushes the path from the nearest boundary above 's' (a top-level value,
+** an upvalue, a key) down to 's', e.g. "args[2].conn" or "cfg.conn"; returns
+** that boundary. */
+static const Step *push_local_path (lua_State *L, const Step *s) {
+  const Step *b;
+  switch (s->kind) {
+    case STEP_TOP:
+      if (s->name) lua_pushstring(L, s->name);
+      else lua_pushfstring(L, "value%I", s->i);
+      return s;
+    case STEP_UPVALUE:
+      lua_pushstring(L, s->name);
+      return s;
+    case STEP_KEY:
+      lua_pushliteral(L, "");
+      return s;
+    default: break;
+  }
+  b = push_local_path(L, s->up);
+  switch (s->kind) {
+    case STEP_INDEX:
+      lua_pushfstring(L, "[%I]", s->i);
+      lua_concat(L, 2);
+      break;
+    case STEP_FIELD:
+      push_key_suffix(L, s->key);
+      lua_concat(L, 2);
+      break;
+    default:  /* STEP_META */
+      lua_pushfstring(L, "getmetatable(%s)", lua_tostring(L, -1));
+      lua_remove(L, -2);
+  }
+  return b;
+}
+
+/* Pushes the description of the value reached by 's'.  'owner': the value
+** is a function whose upvalue is being described, which reads
+** "function 'worker'" rather than "worker" at the top level. */
+static void push_description (lua_State *L, const Step *s, int owner) {
+  const Step *b;
+  const char *path;
+  luaL_checkstack(L, 4, NULL);
+  b = push_local_path(L, s);
+  path = lua_tostring(L, -1);
+  switch (b->kind) {
+    case STEP_TOP:
+      if (owner) lua_pushfstring(L, "function '%s'", path);
+      else return;  /* the path itself */
+      break;
+    case STEP_UPVALUE:
+      lua_pushfstring(L, "upvalue '%s' of ", path);
+      push_description(L, b->up, 1);
+      lua_concat(L, 2);
+      break;
+    default:  /* STEP_KEY: "a key of t", "[1] in a key of t" */
+      lua_pushfstring(L, "%s%sa key of ", path + (*path == '.'),
+                      *path ? " in " : "");
+      push_description(L, b->up, 0);
+      lua_concat(L, 2);
+  }
+  lua_remove(L, -2);
+}
+
+/* Raises "cannot send <path> (<what>) <to>"; 'what' defaults to the type. */
+static int cannot_send (Enc *e, int idx, const Step *at, const char *what) {
+  lua_State *L = e->L;
+  if (what == NULL) what = luaL_typename(L, idx);
+  push_description(L, at, 0);
+  lua_pushfstring(L, "cannot send %s (%s)%s%s", lua_tostring(L, -1), what,
+                  e->to ? " " : "", e->to ? e->to : "");
+  return lua_error(L);
+}
+
+static void enter (Enc *e, const Step *at) {
+  if (++e->depth > MAXDEPTH) {
+    while (at->kind != STEP_TOP) at = at->up;
+    push_local_path(e->L, at);
+    fail(e->L, "cannot send %s: nesting too deep (more than %d levels)",
+         lua_tostring(e->L, -1), MAXDEPTH);
+  }
+  luaL_checkstack(e->L, 8, "cannot send: nesting too deep");
+}
+
+/* }------------------------------------------------------------------ */
+
+
+/*
+** {------------------------------------------------------------------
+** Module references
+** -------------------------------------------------------------------
+*/
+
+static void index_entry (Enc *e, int v, int name, int field) {
+  lua_State *L = e->L;
+  int mods = e->box_idx + S_MODULES;
+  lua_pushvalue(L, v);
+  if (lua_rawget(L, mods) == LUA_TNIL) {  /* the first name found stays */
+    lua_pushvalue(L, v);
+    lua_pushvalue(L, name);
+    lua_rawset(L, mods);
+    if (field) {
+      lua_pushvalue(L, v);
+      lua_pushvalue(L, field);
+      lua_rawset(L, mods + 1);  /* S_FIELDS */
+    }
+  }
+  lua_pop(L, 1);
+}
+
+/* Indexes the function fields of the module at 'mod'.  The Lua functions
+** of the globals table are the user's script, not a module the receiver
+** can require: they are left to be sent as bytecode. */
+static void index_fields (Enc *e, int name, int mod, int globals) {
+  lua_State *L = e->L;
+  lua_pushnil(L);
+  while (lua_next(L, mod)) {
+    if (lua_type(L, -2) == LUA_TSTRING && lua_isfunction(L, -1) &&
+        !(globals && !lua_iscfunction(L, -1)))
+      index_entry(e, lua_gettop(L), name, lua_gettop(L) - 1);
+    lua_pop(L, 1);
+  }
+}
+
+/* Builds the reverse index of package.loaded, once per message that needs
+** it: a message without functions (or, in DATA mode, metatables) never
+** pays for it. */
+static void index_modules (Enc *e) {
+  lua_State *L = e->L;
+  lua_newtable(L);
+  lua_replace(L, e->box_idx + S_MODULES);
+  lua_newtable(L);
+  lua_replace(L, e->box_idx + S_FIELDS);
+  lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+  lua_pushnil(L);
+  while (lua_next(L, -2)) {
+    int mod = lua_gettop(L);
+    if (lua_type(L, -2) == LUA_TSTRING) {
+      int globals = lua_rawequal(L, mod, e->box_idx + S_GLOBALS);
+      if (lua_isfunction(L, mod) || (lua_istable(L, mod) && !globals))
+        index_entry(e, mod, mod - 1, 0);
+      if (lua_istable(L, mod))
+        index_fields(e, mod - 1, mod, globals);
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+}
+
+/* Writes a module reference for the value at 'v' when it is a module or a
+** module's function field; returns whether it did. */
+static int put_module (Enc *e, int v) {
+  lua_State *L = e->L;
+  int mods = e->box_idx + S_MODULES;
+  size_t len;
+  const char *s;
+  if (lua_isnil(L, mods)) index_modules(e);
+  lua_pushvalue(L, v);
+  if (lua_rawget(L, mods) == LUA_TNIL) {
+    lua_pop(L, 1);
+    return 0;
+  }
+  lua_pushvalue(L, v);
+  lua_rawget(L, mods + 1);  /* S_FIELDS */
+  put_byte(e, lua_isnil(L, -1) ? T_MODULE : T_MODFIELD);
+  s = lua_tolstring(L, -2, &len);
+  put_lstring(e, s, len);
+  if (!lua_isnil(L, -1)) {
+    s = lua_tolstring(L, -1, &len);
+    put_lstring(e, s, len);
+  }
+  lua_pop(L, 2);
+  return 1;
+}
+
+/* }------------------------------------------------------------------ */
+
+
+/* Writes a reference when the object at 'o' was met before in this
+** message and returns 1; otherwise numbers it (e->nobjs) and returns 0. */
+static int put_ref (Enc *e, int o) {
+  lua_State *L = e->L;
+  int seen = lazy_table(e, S_SEEN);
+  lua_pushvalue(L, o);
+  if (lua_rawget(L, seen) == LUA_TNUMBER) {
+    put_byte(e, T_REF);
+    put_varint(e, (lua_Unsigned)lua_tointeger(L, -1));
+    lua_pop(L, 1);
+    return 1;
+  }
+  lua_pop(L, 1);
+  lua_pushvalue(L, o);
+  lua_pushinteger(L, ++e->nobjs);
+  lua_rawset(L, seen);
+  return 0;
+}
+
+static void encode_value (Enc *e, int idx, const Step *at);
+
+static void encode_table (Enc *e, int t, const Step *at) {
+  lua_State *L = e->L;
+  lua_Unsigned n, i, nhash = 0;
+  size_t counter;
+  int mt;
+  if (lua_rawequal(L, t, e->box_idx + S_GLOBALS)) {
+    put_byte(e, T_GLOBALS);
+    return;
+  }
+  if (((e->flags & MP_CODEC_FUNCTIONS) || at->kind == STEP_META) &&
+      put_module(e, t))
+    return;
+  if (at->kind == STEP_META && !(e->flags & MP_CODEC_FUNCTIONS)) {
+    cannot_send(e, t, at, "a metatable that is not a module");
+    return;
+  }
+  if (put_ref(e, t)) return;
+  enter(e, at);
+  mt = lua_getmetatable(L, t) ? lua_gettop(L) : 0;
+  put_byte(e, mt ? T_TABLEMT : T_TABLE);
+  n = lua_rawlen(L, t);
+  put_varint(e, n);
+  counter = reserve_u32(e);
+  for (i = 1; i <= n; i++) {  /* a border may have holes: they go as nil */
+    Step s = {at, STEP_INDEX, NULL, 0, (lua_Integer)i};
+    lua_rawgeti(L, t, (lua_Integer)i);
+    encode_value(e, lua_gettop(L), &s);
+    lua_pop(L, 1);
+  }
+  lua_pushnil(L);
+  while (lua_next(L, t)) {
+    int v = lua_gettop(L);
+    if (!(lua_isinteger(L, v - 1) &&
+          (lua_Unsigned)lua_tointeger(L, v - 1) - 1 < n)) {
+      Step key = {at, STEP_KEY, NULL, 0, 0};
+      Step field = {at, STEP_FIELD, NULL, v - 1, 0};
+      encode_value(e, v - 1, &key);
+      encode_value(e, v, &field);
+      nhash++;
+    }
+    lua_pop(L, 1);
+  }
+  patch_u32(e, counter, nhash, "a table");  /* Lua tables stay far below */
+  if (mt) {
+    Step s = {at, STEP_META, NULL, 0, 0};
+    encode_value(e, mt, &s);
+    lua_pop(L, 1);
+  }
+  e->depth--;
+}
+
+static int dump_writer (lua_State *L, const void *p, size_t n, void *ud) {
+  (void)L;
+  put_bytes((Enc *)ud, p, n);
+  return 0;
+}
+
+/* Each upvalue goes as its value, or, when another function of the message
+** already shares it (same lua_upvalueid), as a join to that one. */
+static void encode_upvalues (Enc *e, int f, lua_Integer id, const Step *at) {
+  lua_State *L = e->L;
+  int upvals = lazy_table(e, S_UPVALS);
+  lua_Debug ar;
+  int i;
+  lua_pushvalue(L, f);
+  lua_getinfo(L, ">u", &ar);
+  put_varint(e, ar.nups);
+  for (i = 1; i <= ar.nups; i++) {
+    void *uid = lua_upvalueid(L, f, i);
+    lua_pushlightuserdata(L, uid);
+    if (lua_rawget(L, upvals) == LUA_TNUMBER) {
+      lua_Unsigned where = (lua_Unsigned)lua_tointeger(L, -1);
+      put_byte(e, T_UPJOIN);
+      put_varint(e, where >> 8);
+      put_varint(e, where & 0xFF);
+    }
+    else {  /* MAXUPVAL is 255: the index fits in 8 bits */
+      Step s = {at, STEP_UPVALUE, NULL, 0, 0};
+      lua_pushlightuserdata(L, uid);
+      lua_pushinteger(L, id * 256 + i);
+      lua_rawset(L, upvals);
+      s.name = lua_getupvalue(L, f, i);
+      encode_value(e, lua_gettop(L), &s);
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+  }
+}
+
+static void encode_function (Enc *e, int f, const Step *at) {
+  lua_State *L = e->L;
+  size_t counter;
+  if (put_module(e, f)) return;
+  if (lua_iscfunction(L, f) || !(e->flags & MP_CODEC_FUNCTIONS)) {
+    cannot_send(e, f, at, NULL);
+    return;
+  }
+  if (put_ref(e, f)) return;
+  enter(e, at);
+  put_byte(e, T_FUNCTION);
+  counter = reserve_u32(e);
+  lua_pushvalue(L, f);
+  lua_dump(L, dump_writer, e, 0);  /* unstripped: tracebacks keep lines */
+  lua_pop(L, 1);
+  patch_u32(e, counter, e->box->size - counter - 4, "a function");
+  encode_upvalues(e, f, e->nobjs, at);
+  e->depth--;
+}
+
+/* The type registered for the userdata at 'u', or NULL.  The metatable must
+** be the one registered under its __name, not a copy of the name. */
+static const mp_CodecType *find_type (lua_State *L, int u) {
+  const mp_CodecType *type = NULL;
+  int t = luaL_getmetafield(L, u, "__name");
+  if (t != LUA_TSTRING) {
+    if (t != LUA_TNIL) lua_pop(L, 1);
+    return NULL;
+  }
+  lua_getfield(L, LUA_REGISTRYINDEX, TYPES_KEY);
+  lua_pushvalue(L, -2);
+  if (lua_istable(L, -2) && lua_rawget(L, -2) == LUA_TLIGHTUSERDATA) {
+    lua_getmetatable(L, u);
+    luaL_getmetatable(L, lua_tostring(L, -4));
+    if (lua_rawequal(L, -1, -2))
+      type = (const mp_CodecType *)lua_touserdata(L, -3);
+    lua_pop(L, 2);
+  }
+  lua_pop(L, 3);
+  return type;
+}
+
+/* The box keeps alive the userdata whose descriptors it borrows. */
+static void keep_alive (Enc *e, int u) {
+  lua_State *L = e->L;
+  if (lua_getiuservalue(L, e->box_idx, 1) == LUA_TNIL) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_setiuservalue(L, e->box_idx, 1);
+  }
+  lua_pushvalue(L, u);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
+}
+
+static void encode_userdata (Enc *e, int u, const Step *at) {
+  lua_State *L = e->L;
+  const mp_CodecType *type = find_type(L, u);
+  size_t head, nfds = e->box->nfds;
+  int top = lua_gettop(L);
+  if (type == NULL) {
+    cannot_send(e, u, at, NULL);
+    return;
+  }
+  if (put_ref(e, u)) return;
+  put_byte(e, T_USERDATA);
+  put_lstring(e, type->tname, strlen(type->tname));
+  head = reserve_u32(e);
+  reserve_u32(e);
+  type->encode(L, u, e);
+  lua_settop(L, top);
+  patch_u32(e, head, e->box->size - head - 8, "a userdata");
+  patch_u32(e, head + 4, e->box->nfds - nfds, "descriptors");
+  if (e->box->nfds > nfds) keep_alive(e, u);
+}
+
+static void encode_value (Enc *e, int idx, const Step *at) {
+  lua_State *L = e->L;
+  switch (lua_type(L, idx)) {
+    case LUA_TNIL: put_byte(e, T_NIL); break;
+    case LUA_TBOOLEAN: put_byte(e, lua_toboolean(L, idx) ? T_TRUE : T_FALSE); break;
+    case LUA_TNUMBER: put_number(e, idx); break;
+    case LUA_TSTRING: {
+      size_t len;
+      const char *s = lua_tolstring(L, idx, &len);
+      put_byte(e, T_STRING);
+      put_lstring(e, s, len);
+      break;
+    }
+    case LUA_TTABLE: encode_table(e, idx, at); break;
+    case LUA_TFUNCTION: encode_function(e, idx, at); break;
+    case LUA_TUSERDATA: encode_userdata(e, idx, at); break;
+    default: cannot_send(e, idx, at, NULL);  /* threads, light userdata */
+  }
+}
+
+void mp_encode (lua_State *L, int first, int n, int flags,
+                const char *const names[], const char *to, mp_Encoded *out) {
+  Enc e;
+  int i;
+  first = lua_absindex(L, first);
+  luaL_checkstack(L, S_NSLOTS + 8, "cannot send: too many values");
+  e.L = L;
+  e.box = push_box(L);
+  e.box_idx = lua_gettop(L);
+  e.flags = flags;
+  e.depth = 0;
+  e.nobjs = 0;
+  e.to = to;
+  for (i = S_SEEN; i < S_GLOBALS; i++) lua_pushnil(L);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_GLOBALS);
+  put_byte(&e, MAGIC);
+  put_byte(&e, VERSION);
+  put_varint(&e, (lua_Unsigned)n);
+  for (i = 0; i < n; i++) {
+    Step top = {NULL, STEP_TOP, NULL, 0, 0};
+    top.name = names ? names[i] : NULL;
+    top.i = i + 1;
+    encode_value(&e, first + i, &top);
+  }
+  lua_settop(L, e.box_idx);
+  out->data = e.box->data;
+  out->size = e.box->size;
+  out->fds = e.box->fds;
+  out->nfds = e.box->nfds;
+}
+
+void mp_write_bytes (lua_State *L, mp_Writer *w, const void *p, size_t n) {
+  (void)L;  /* w->L: a writer lives within one mp_encode */
+  put_bytes(w, p, n);
+}
+
+void mp_write_fd (lua_State *L, mp_Writer *w, int fd) {
+  box_add_fd(L, w->box, fd);
+}
+
+/* }================================================================== */
+
+
+/*
+** {==================================================================
+** Decoder
+** ===================================================================
+*/
+
+struct mp_Reader {
+  lua_State *L;
+  const char *start, *p, *end;  /* 'end' narrows to a userdata's payload */
+  int *fds;
+  size_t nfds;
+  size_t fd, fdend;             /* the descriptors of the current userdata */
+  int flags;
+  int depth;
+  int refs;                     /* stack slot: the objects, in order */
+  lua_Integer nobjs;
+};
+
+typedef mp_Reader Dec;
+
+/* Raises "bad message at byte N: <what>". */
+static int bad (Dec *d, const char *fmt, ...) {
+  lua_State *L = d->L;
+  va_list ap;
+  lua_pushfstring(L, "bad message at byte %I: ", (lua_Integer)(d->p - d->start));
+  va_start(ap, fmt);
+  lua_pushvfstring(L, fmt, ap);
+  va_end(ap);
+  lua_concat(L, 2);
+  return lua_error(L);
+}
+
+/* A size hint for lua_createtable: the count was checked against the bytes
+** left, so only inputs over 2 GiB reach the clamp. */
+static int hint (lua_Unsigned n) {
+  return n < INT_MAX ? (int)n : INT_MAX;
+}
+
+static size_t left (const Dec *d) {
+  return (size_t)(d->end - d->p);
+}
+
+/* Checks that 'n' items of at least 'unit' bytes each fit in what is left,
+** before anything is allocated for them. */
+static void need (Dec *d, lua_Unsigned n, size_t unit, const char *what) {
+  if (n > left(d) / unit) {
+    char count[24];
+    snprintf(count, sizeof(count), "%llu", (unsigned long long)n);
+    bad(d, "truncated (%s of %s, %I bytes left)", what, count,
+        (lua_Integer)left(d));
+  }
+}
+
+static int get_byte (Dec *d) {
+  need(d, 1, 1, "a tag");
+  return (unsigned char)*d->p++;
+}
+
+static const char *get_bytes (Dec *d, lua_Unsigned n, const char *what) {
+  const char *p = d->p;
+  need(d, n, 1, what);
+  d->p += n;
+  return p;
+}
+
+static lua_Unsigned get_varint (Dec *d) {
+  const char *start = d->p;
+  lua_Unsigned u = 0;
+  int shift;
+  for (shift = 0; ; shift += 7) {
+    unsigned c = (unsigned)get_byte(d);
+    if (shift == 63 && c > 1) {
+      d->p = start;
+      bad(d, "bad varint (more than 64 bits)");
+    }
+    u |= (lua_Unsigned)(c & 0x7F) << shift;
+    if (c < 0x80) return u;
+  }
+}
+
+static lua_Unsigned get_fixed (Dec *d, int size) {
+  const unsigned char *p = (const unsigned char *)get_bytes(d, (lua_Unsigned)size,
+                                                           "a number");
+  lua_Unsigned u = 0;
+  int i;
+  for (i = 0; i < size; i++) u |= (lua_Unsigned)p[i] << (8 * i);
+  return u;
+}
+
+static void push_lstring (Dec *d, const char *what) {
+  lua_Unsigned len = get_varint(d);
+  const char *s = get_bytes(d, len, what);
+  lua_pushlstring(d->L, s, (size_t)len);
+}
+
+static void enter_dec (Dec *d) {
+  if (++d->depth > MAXDEPTH)
+    bad(d, "nesting too deep (more than %d levels)", MAXDEPTH);
+  luaL_checkstack(d->L, 8, "bad message: nesting too deep");
+}
+
+/* Gives the next number to the object on top. */
+static void number_object (Dec *d) {
+  lua_State *L = d->L;
+  if (lua_isnil(L, d->refs)) {
+    lua_newtable(L);
+    lua_replace(L, d->refs);
+  }
+  lua_pushvalue(L, -1);
+  lua_rawseti(L, d->refs, ++d->nobjs);
+}
+
+static void push_ref (Dec *d) {
+  const char *at = d->p;
+  lua_Unsigned k = get_varint(d);
+  if (k < 1 || k > (lua_Unsigned)d->nobjs) {
+    d->p = at;
+    bad(d, "bad reference (%I objects so far)", d->nobjs);
+  }
+  lua_rawgeti(d->L, d->refs, (lua_Integer)k);
+}
+
+static void decode_value (Dec *d);
+
+static void check_key (Dec *d, const char *at) {
+  lua_State *L = d->L;
+  if (lua_isnil(L, -1) ||
+      (lua_type(L, -1) == LUA_TNUMBER && lua_tonumber(L, -1) != lua_tonumber(L, -1))) {
+    d->p = at;
+    bad(d, lua_isnil(L, -1) ? "nil key" : "NaN key");
+  }
+}
+
+/* In DATA mode the metatable must come as a module reference: the
+** receiver then runs only the metamethods of a class it has itself. */
+static void decode_metatable (Dec *d, int t) {
+  lua_State *L = d->L;
+  const char *at = d->p;
+  if (!(d->flags & MP_CODEC_FUNCTIONS) &&
+      (d->p == d->end || (*d->p != T_MODULE && *d->p != T_GLOBALS)))
+    bad(d, "metatable is not a module reference");
+  decode_value(d);
+  if (!lua_istable(L, -1)) {
+    d->p = at;
+    bad(d, "metatable is a %s", luaL_typename(L, -1));
+  }
+  lua_setmetatable(L, t);
+}
+
+static void decode_table (Dec *d, int hasmt) {
+  lua_State *L = d->L;
+  lua_Unsigned narr = get_varint(d), nhash, i;
+  int t;
+  need(d, narr, 1, "an array");
+  nhash = get_fixed(d, 4);
+  need(d, nhash, 2, "a hash");
+  enter_dec(d);
+  /* the counts are below the bytes left, which bounds what this allocates */
+  lua_createtable(L, hint(narr), hint(nhash));
+  t = lua_gettop(L);
+  number_object(d);
+  for (i = 1; i <= narr; i++) {
+    decode_value(d);
+    if (lua_isnil(L, -1)) lua_pop(L, 1);
+    else lua_rawseti(L, t, (lua_Integer)i);
+  }
+  for (i = 0; i < nhash; i++) {
+    const char *at = d->p;
+    decode_value(d);
+    check_key(d, at);
+    decode_value(d);
+    lua_rawset(L, t);
+  }
+  if (hasmt) decode_metatable(d, t);
+  d->depth--;
+}
+
+/* Replaces the module name on top with require(name). */
+static void require_module (Dec *d) {
+  lua_State *L = d->L;
+  lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
+  lua_pushvalue(L, -2);
+  lua_rawget(L, -2);
+  lua_remove(L, -2);
+  if (!lua_toboolean(L, -1)) {  /* not loaded yet: what require would do */
+    lua_pop(L, 1);
+    if (lua_getglobal(L, "require") != LUA_TFUNCTION)
+      bad(d, "module '%s' is not loaded and there is no require",
+          lua_tostring(L, -2));
+    lua_pushvalue(L, -2);
+    lua_call(L, 1, 1);
+  }
+  lua_remove(L, -2);
+}
+
+static void decode_module (Dec *d, int field) {
+  lua_State *L = d->L;
+  const char *at = d->p;
+  push_lstring(d, "a module name");
+  if (!field) {
+    require_module(d);
+    return;
+  }
+  push_lstring(d, "a field name");
+  lua_insert(L, -2);
+  require_module(d);
+  if (lua_istable(L, -1)) {
+    lua_pushvalue(L, -2);
+    lua_rawget(L, -2);
+  }
+  else lua_pushnil(L);
+  if (!lua_isfunction(L, -1)) {
+    d->p = at;
+    bad(d, "module has no function '%s'", lua_tostring(L, -3));
+  }
+  lua_replace(L, -3);
+  lua_pop(L, 1);
+}
+
+/* T_UPJOIN: upvalue 'i' of the function at 'f' becomes upvalue 'n' of an
+** earlier function, as it was in the sender. */
+static void join_upvalue (Dec *d, int f, int i) {
+  lua_State *L = d->L;
+  const char *at = d->p;
+  lua_Unsigned n;
+  push_ref(d);
+  n = get_varint(d);
+  if (!lua_isfunction(L, -1) || lua_iscfunction(L, -1) || n < 1 || n > 255 ||
+      lua_getupvalue(L, -1, (int)n) == NULL) {
+    d->p = at;
+    bad(d, "bad upvalue reference");
+  }
+  lua_pop(L, 1);
+  lua_upvaluejoin(L, f, i, -1, (int)n);
+  lua_pop(L, 1);
+}
+
+static void decode_function (Dec *d) {
+  lua_State *L = d->L;
+  const char *at = d->p - 1;
+  lua_Unsigned len, nup;
+  const char *code;
+  lua_Debug ar;
+  int f, i;
+  if (!(d->flags & MP_CODEC_FUNCTIONS)) {
+    d->p = at;
+    bad(d, "function bytecode is not accepted on this channel");
+  }
+  len = get_fixed(d, 4);
+  code = get_bytes(d, len, "bytecode");
+  enter_dec(d);
+  if (luaL_loadbufferx(L, code, (size_t)len, "=(bytecode)", "b") != LUA_OK) {
+    d->p = at;
+    bad(d, "%s", lua_tostring(L, -1));
+  }
+  f = lua_gettop(L);
+  number_object(d);
+  lua_pushvalue(L, f);
+  lua_getinfo(L, ">u", &ar);
+  nup = get_varint(d);
+  if (nup != ar.nups)
+    bad(d, "function has %d upvalues, not %I", (int)ar.nups, (lua_Integer)nup);
+  for (i = 1; i <= ar.nups; i++) {
+    if (d->p < d->end && *d->p == T_UPJOIN) {
+      d->p++;
+      join_upvalue(d, f, i);
+    }
+    else {  /* load gave the first upvalue the globals: set them all */
+      decode_value(d);
+      lua_setupvalue(L, f, i);
+    }
+  }
+  d->depth--;
+}
+
+/* The payload is handed to the type with the reader narrowed to it, and
+** the type must consume all of it. */
+static void decode_userdata (Dec *d) {
+  lua_State *L = d->L;
+  const char *at = d->p - 1, *end = d->end;
+  const mp_CodecType *type;
+  lua_Unsigned nbytes, nfds;
+  int top;
+  push_lstring(d, "a type name");
+  lua_getfield(L, LUA_REGISTRYINDEX, TYPES_KEY);
+  lua_pushvalue(L, -2);
+  if (!lua_istable(L, -2) || lua_rawget(L, -2) != LUA_TLIGHTUSERDATA) {
+    d->p = at;
+    bad(d, "unknown userdata type '%s'", lua_tostring(L, -3));
+  }
+  type = (const mp_CodecType *)lua_touserdata(L, -1);
+  lua_pop(L, 2);
+  nbytes = get_fixed(d, 4);
+  nfds = get_fixed(d, 4);
+  need(d, nbytes, 1, "a userdata");
+  if (nfds > d->nfds - d->fd)
+    bad(d, "userdata '%s' needs %I descriptors, %I came",
+        type->tname, (lua_Integer)nfds, (lua_Integer)(d->nfds - d->fd));
+  d->end = d->p + nbytes;
+  d->fdend = d->fd + nfds;
+  top = lua_gettop(L);
+  type->decode(L, d);
+  if (lua_gettop(L) != top + 1)
+    fail(L, "codec type '%s' pushed %d values, not 1", type->tname,
+         lua_gettop(L) - top);
+  if (d->p != d->end || d->fd != d->fdend)
+    bad(d, "userdata '%s' left %I bytes and %I descriptors unread",
+        type->tname, (lua_Integer)left(d), (lua_Integer)(d->fdend - d->fd));
+  d->end = end;
+  lua_remove(L, -2);  /* the type name */
+  number_object(d);
+}
+
+static void decode_value (Dec *d) {
+  lua_State *L = d->L;
+  int tag = get_byte(d);
+  switch (tag) {
+    case T_NIL: lua_pushnil(L); break;
+    case T_FALSE: lua_pushboolean(L, 0); break;
+    case T_TRUE: lua_pushboolean(L, 1); break;
+    case T_INT: {
+      lua_Unsigned u = get_varint(d);
+      lua_pushinteger(L, (lua_Integer)((u >> 1) ^ (0 - (u & 1))));
+      break;
+    }
+    case T_FLOAT: {
+      uint64_t bits = get_fixed(d, 8);
+      lua_Number x;
+      memcpy(&x, &bits, sizeof(x));
+      lua_pushnumber(L, x);
+      break;
+    }
+    case T_STRING: push_lstring(d, "a string"); break;
+    case T_TABLE: case T_TABLEMT: decode_table(d, tag == T_TABLEMT); break;
+    case T_REF: push_ref(d); break;
+    case T_GLOBALS: lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_GLOBALS); break;
+    case T_MODULE: case T_MODFIELD: decode_module(d, tag == T_MODFIELD); break;
+    case T_FUNCTION: decode_function(d); break;
+    case T_USERDATA: decode_userdata(d); break;
+    default:
+      d->p--;
+      bad(d, "bad tag %d", tag);
+  }
+}
+
+int mp_decode (lua_State *L, const char *data, size_t size, int flags,
+               int *fds, size_t nfds) {
+  Dec d;
+  lua_Unsigned n, i;
+  d.L = L;
+  d.start = d.p = data;
+  d.end = data + size;
+  d.fds = fds;
+  d.nfds = nfds;
+  d.fd = d.fdend = 0;
+  d.flags = flags;
+  d.depth = 0;
+  d.nobjs = 0;
+  if (size < 2 || (unsigned char)data[0] != MAGIC)
+    fail(L, "bad message: not from this codec (no magic byte)");
+  if (data[1] != VERSION)
+    fail(L, "bad message: codec version %d, expected %d", data[1], VERSION);
+  d.p += 2;
+  n = get_varint(&d);
+  need(&d, n, 1, "a list of values");
+  luaL_checkstack(L, hint(n + 1), "bad message: too many values");
+  lua_pushnil(L);
+  d.refs = lua_gettop(L);
+  for (i = 0; i < n; i++) decode_value(&d);
+  if (d.p != d.end)
+    bad(&d, "trailing garbage (%I bytes)", (lua_Integer)left(&d));
+  lua_remove(L, d.refs);
+  return (int)n;
+}
+
+const char *mp_read_bytes (lua_State *L, mp_Reader *r, size_t n) {
+  (void)L;  /* r->L: a reader lives within one mp_decode */
+  return get_bytes(r, n, "a userdata");
+}
+
+int mp_read_fd (lua_State *L, mp_Reader *r) {
+  int fd;
+  (void)L;
+  if (r->fd == r->fdend) bad(r, "missing descriptor");
+  fd = r->fds[r->fd];
+  if (fd < 0) bad(r, "invalid descriptor");
+  r->fds[r->fd++] = -1;
+  return fd;
+}
+
+/* }================================================================== */
+
+
+void mp_codec_register (lua_State *L, const mp_CodecType *type) {
+  if (lua_getfield(L, LUA_REGISTRYINDEX, TYPES_KEY) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, LUA_REGISTRYINDEX, TYPES_KEY);
+  }
+  lua_pushlightuserdata(L, (void *)(uintptr_t)type);
+  lua_setfield(L, -2, type->tname);
+  lua_pop(L, 1);
+}
+
+
+/*
+** {==================================================================
+** core.encode, core.decode: the codec from Lua, for specs and tools
+** ===================================================================
+*/
+
+/* core.encode(opts, v1, ..., vn) -> string, fd1, ...
+** opts: a boolean (allow functions) or a table {functions=, names=, to=}.
+** The descriptors are borrowed: valid while the encoded objects live. */
+static int l_encode (lua_State *L) {
+  int n = lua_gettop(L) - 1, functions, box, i;
+  const char *to = "to another process";
+  const char **names = NULL;  /* mp_encode's default: value1, value2... */
+  mp_Encoded out;
+  size_t k;
+  luaL_argexpected(L, lua_isboolean(L, 1) || lua_istable(L, 1), 1,
+                   "boolean or table");
+  if (lua_istable(L, 1)) {
+    lua_getfield(L, 1, "functions");
+    functions = lua_toboolean(L, -1);
+    lua_getfield(L, 1, "to");
+    to = luaL_optstring(L, -1, to);
+    if (lua_getfield(L, 1, "names") == LUA_TTABLE) {
+      int given = lua_gettop(L);
+      names = (const char **)lua_newuserdatauv(L, (size_t)n * sizeof(char *) + 1, 0);
+      for (i = 0; i < n; i++) {  /* the names live in opts.names */
+        names[i] = lua_rawgeti(L, given, i + 1) == LUA_TSTRING
+                   ? lua_tostring(L, -1) : "?";
+        lua_pop(L, 1);
+      }
+    }
+  }
+  else functions = lua_toboolean(L, 1);
+  mp_encode(L, 2, n, functions ? MP_CODEC_FUNCTIONS : MP_CODEC_DATA, names,
+            to, &out);
+  box = lua_gettop(L);
+  luaL_checkstack(L, (int)out.nfds + 1, "too many descriptors");
+  lua_pushlstring(L, out.data, out.size);
+  for (k = 0; k < out.nfds; k++) lua_pushinteger(L, out.fds[k]);
+  box_free((Box *)lua_touserdata(L, box));  /* now, not at the next GC */
+  return 1 + (int)out.nfds;
+}
+
+/* Descriptors that core.decode owns until a decoded object takes them. */
+typedef struct FdList {
+  size_t n;
+  int fd[1];
+} FdList;
+
+static void fdlist_close (FdList *l) {
+  size_t i;
+  for (i = 0; i < l->n; i++)
+    if (l->fd[i] >= 0) {
+      close(l->fd[i]);
+      l->fd[i] = -1;
+    }
+}
+
+static int fdlist_gc (lua_State *L) {
+  fdlist_close((FdList *)luaL_checkudata(L, 1, FDLIST_T));
+  return 0;
+}
+
+/* Pushes a list of duplicates of the descriptors in the array at 'arg' (if
+** any): the caller keeps its own, the decoded objects own theirs. */
+static FdList *dup_fds (lua_State *L, int arg) {
+  size_t n = lua_istable(L, arg) ? lua_rawlen(L, arg) : 0, i;
+  FdList *l = (FdList *)lua_newuserdatauv(L, sizeof(FdList) + n * sizeof(int), 0);
+  l->n = 0;
+  if (luaL_newmetatable(L, FDLIST_T)) {
+    lua_pushcfunction(L, fdlist_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_setmetatable(L, -2);
+  for (i = 0; i < n; i++) {
+    int fd;
+    lua_rawgeti(L, arg, (lua_Integer)i + 1);
+    fd = fcntl((int)luaL_checkinteger(L, -1), F_DUPFD_CLOEXEC, 0);
+    lua_pop(L, 1);
+    if (fd < 0)
+      fail(L, "core.decode: cannot duplicate a descriptor: %s", strerror(errno));
+    l->fd[l->n++] = fd;
+  }
+  return l;
+}
+
+/* core.decode(s [, allow_functions [, fds]]) -> v1, ..., vn */
+static int l_decode (lua_State *L) {
+  size_t size;
+  const char *s = luaL_checklstring(L, 1, &size);
+  int flags = lua_toboolean(L, 2) ? MP_CODEC_FUNCTIONS : MP_CODEC_DATA;
+  FdList *l;
+  int n;
+  lua_settop(L, 3);
+  l = dup_fds(L, 3);
+  n = mp_decode(L, s, size, flags, l->fd, l->n);
+  fdlist_close(l);
+  return n;
+}
+
+void mp_open_codec (lua_State *L) {
+  static const luaL_Reg funcs[] = {
+    {"encode", l_encode},
+    {"decode", l_decode},
+    {NULL, NULL}
+  };
+  luaL_setfuncs(L, funcs, 0);
+}
+
+/* }================================================================== */

@@ -1,0 +1,70 @@
+/*
+** codec.h -- Lua values <-> bytes.
+**
+** The same codec carries a spawned worker's function and arguments, every
+** result and structured error value, and every message on queues and pipes.
+** Encoding never loses a value silently: what cannot be sent raises a Lua
+** error naming the value and the path to it.  Decoding treats its input as
+** untrusted unless the caller allows functions, which only a worker's own
+** parent may do over a private channel.
+*/
+#ifndef mp_codec_h
+#define mp_codec_h
+
+#include <stddef.h>
+#include "lua.h"
+
+/* flags for mp_encode / mp_decode */
+#define MP_CODEC_DATA       0  /* data only: functions only by module reference */
+#define MP_CODEC_FUNCTIONS  1  /* Lua functions as bytecode with their upvalues */
+
+/* The encoded form of one value: bytes plus the descriptors that must
+** travel beside them (shared memory, sockets).  The descriptors are borrowed
+** from the objects that own them, which the box keeps alive. */
+typedef struct mp_Encoded {
+  const char *data;
+  size_t size;
+  const int *fds;
+  size_t nfds;
+} mp_Encoded;
+
+/* Encodes the 'n' values at stack indices first..first+n-1 as one message
+** (references shared between them stay shared) and pushes the box that owns
+** the encoding (a userdata; the encoding stays valid while the box lives).
+** names[i] names value i in error messages ("args", "worker", "result");
+** 'to' ends them, e.g. "to a spawned process: pass it differently or use
+** start_method \"fork\"".  Raises a Lua error for anything that cannot be
+** sent, e.g.
+**   cannot send upvalue 'sock' of function 'worker' (userdata) to a ...
+**   cannot send args[2].conn (userdata) to a ... */
+void mp_encode(lua_State *L, int first, int n, int flags,
+               const char *const names[], const char *to, mp_Encoded *out);
+
+/* Decodes 'size' bytes, pushes the values and returns how many, or raises a
+** Lua error that says what is wrong with the input.  'fds' are the
+** descriptors that came with the bytes: a decoded object that keeps one sets
+** its slot to -1; the caller closes whatever is left. */
+int mp_decode(lua_State *L, const char *data, size_t size, int flags,
+              int *fds, size_t nfds);
+
+/* --- extension: userdata types that know how to cross a process boundary.
+** A type registers a mp_CodecType for its metatable name; the encoder calls
+** 'encode' with the userdata at 'idx' and a writer, the decoder calls
+** 'decode' with a reader and must push exactly one value. */
+typedef struct mp_Writer mp_Writer;
+typedef struct mp_Reader mp_Reader;
+
+typedef struct mp_CodecType {
+  const char *tname;   /* metatable name, as given to luaL_newmetatable */
+  void (*encode)(lua_State *L, int idx, mp_Writer *w);
+  void (*decode)(lua_State *L, mp_Reader *r);
+} mp_CodecType;
+
+void mp_codec_register(lua_State *L, const mp_CodecType *type);
+
+void mp_write_bytes(lua_State *L, mp_Writer *w, const void *p, size_t n);
+void mp_write_fd(lua_State *L, mp_Writer *w, int fd);     /* borrowed */
+const char *mp_read_bytes(lua_State *L, mp_Reader *r, size_t n);
+int mp_read_fd(lua_State *L, mp_Reader *r);  /* takes ownership; raises if none */
+
+#endif

@@ -1,0 +1,357 @@
+/*
+** context.c -- start_processes, spawn, and the ProcessContext and Process
+** handles they give back.
+**
+** A ProcessContext owns its workers and its report file: join, close,
+** __close and __gc all end with every worker reaped and the file closed.
+** Its uservalue is a table: processes (the Process handles), results (after
+** a successful join), failure (the exception or error that ended it).
+** A Process handle keeps its context alive through its own uservalue.
+*/
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/pidfd.h>
+
+#include "mp.h"
+
+#define MAX_PROCS 65536
+
+typedef struct Process {
+  int rank;
+} Process;
+
+/* --- argument checks, before any process starts ------------------------- */
+
+static const mp_StartMethod *const methods[] = {
+  &mp_start_fork, &mp_start_spawn, &mp_start_forkserver, NULL
+};
+
+static const mp_StartMethod *check_method(lua_State *L, int arg) {
+  const char *name = lua_isnoneornil(L, arg) ? "spawn" : luaL_checkstring(L, arg);
+  int i;
+  for (i = 0; methods[i] != NULL; i++)
+    if (strcmp(methods[i]->name, name) == 0) return methods[i];
+  luaL_argerror(L, arg, lua_pushfstring(L, "unknown start method '%s' "
+      "(expected \"fork\", \"spawn\" or \"forkserver\")", name));
+  return NULL;
+}
+
+static int check_flag(lua_State *L, int arg, int def) {
+  if (lua_isnoneornil(L, arg)) return def;
+  luaL_checktype(L, arg, LUA_TBOOLEAN);
+  return lua_toboolean(L, arg);
+}
+
+static int check_nprocs(lua_State *L, int arg) {
+  lua_Integer n = 0;
+  int isint = 0;
+  if (lua_isnoneornil(L, arg)) return 1;
+  if (lua_type(L, arg) == LUA_TNUMBER) n = lua_tointegerx(L, arg, &isint);
+  if (!isint || n < 1)
+    luaL_argerror(L, arg, lua_pushfstring(L, "positive integer expected, got %s",
+        lua_type(L, arg) == LUA_TNUMBER ? luaL_tolstring(L, arg, NULL)
+                                        : luaL_typename(L, arg)));
+  if (n > MAX_PROCS)
+    luaL_argerror(L, arg, lua_pushfstring(L, "at most %d processes, got %I",
+                                          MAX_PROCS, n));
+  return (int)n;
+}
+
+/* A duration in seconds: nil gives 'def', anything else must be a number
+** >= 0. */
+static double check_seconds(lua_State *L, int arg, double def) {
+  double s;
+  if (lua_isnoneornil(L, arg)) return def;
+  if (lua_type(L, arg) != LUA_TNUMBER)
+    luaL_typeerror(L, arg, "number");
+  s = lua_tonumber(L, arg);
+  if (!(s >= 0))
+    luaL_argerror(L, arg, lua_pushfstring(L, "non-negative number expected, "
+                                             "got %f", s));
+  return s;
+}
+
+/* --- ProcessContext ------------------------------------------------------ */
+
+mp_Context *mp_checkcontext(lua_State *L, int idx) {
+  return luaL_checkudata(L, idx, MP_CONTEXT_T);
+}
+
+void mp_context_close(mp_Context *ctx, double grace) {
+  if (ctx->closed) return;
+  mp_terminate_all(ctx, grace);
+  mp_reports_close(&ctx->reports);
+  ctx->closed = 1;
+}
+
+static void push_process(lua_State *L, int ctxidx, int rank) {
+  Process *p = lua_newuserdatauv(L, sizeof *p, 1);
+  p->rank = rank;
+  lua_pushvalue(L, ctxidx);
+  lua_setiuservalue(L, -2, 1);
+  luaL_setmetatable(L, MP_PROCESS_T);
+}
+
+static mp_Context *new_context(lua_State *L, const mp_StartMethod *method,
+                               int nprocs, int daemon) {
+  size_t size = sizeof(mp_Context) + (size_t)(nprocs - 1) * sizeof(mp_Worker);
+  mp_Context *ctx = lua_newuserdatauv(L, size, 1);
+  int ctxidx = lua_gettop(L), i;
+  memset(ctx, 0, size);
+  ctx->nprocs = nprocs;
+  ctx->daemon = daemon;
+  ctx->closed = 1;  /* nothing to clean until the report file exists */
+  ctx->method = method;
+  ctx->reports.fd = -1;
+  for (i = 0; i < nprocs; i++) ctx->workers[i].pidfd = -1;
+  luaL_setmetatable(L, MP_CONTEXT_T);
+  lua_createtable(L, 0, 3);
+  lua_createtable(L, nprocs, 0);
+  for (i = 0; i < nprocs; i++) {
+    push_process(L, ctxidx, i);
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_setfield(L, -2, "processes");
+  lua_setiuservalue(L, ctxidx, 1);
+  return ctx;
+}
+
+/* fn at 1, args at 2: starts the workers and joins them when asked. */
+static int start(lua_State *L, const mp_StartMethod *method, int nprocs,
+                 int join, int daemon) {
+  mp_Context *ctx = new_context(L, method, nprocs, daemon);
+  int ctxidx = lua_gettop(L);
+  int err = mp_reports_create(&ctx->reports);
+  if (err != 0)
+    return luaL_error(L, "cannot create the workers' report file: %s",
+                      strerror(err));
+  ctx->closed = 0;
+  if (method->start(L, ctx, 1, 2) != 0) {
+    int started = ctx->started;
+    mp_context_close(ctx, 0);
+    return luaL_error(L, "cannot start %d processes with start method \"%s\" "
+                         "(%d started, now terminated): %s", nprocs,
+                      method->name, started, lua_tostring(L, -1));
+  }
+  lua_settop(L, ctxidx);
+  if (!join) return 1;
+  mp_join(L, ctxidx, -1, MP_DEFAULT_GRACE, 0);
+  lua_getiuservalue(L, ctxidx, 1);
+  lua_getfield(L, -1, "results");
+  return 1;
+}
+
+static void check_fn_and_args(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  if (lua_isnoneornil(L, 2)) {
+    lua_newtable(L);
+    lua_replace(L, 2);
+  } else {
+    luaL_checktype(L, 2, LUA_TTABLE);
+  }
+}
+
+/* start_processes(fn, args, nprocs, join, daemon, start_method) */
+static int l_start_processes(lua_State *L) {
+  int nprocs, join, daemon;
+  const mp_StartMethod *method;
+  lua_settop(L, 6);
+  check_fn_and_args(L);
+  nprocs = check_nprocs(L, 3);
+  join = check_flag(L, 4, 1);
+  daemon = check_flag(L, 5, 0);
+  method = check_method(L, 6);
+  return start(L, method, nprocs, join, daemon);
+}
+
+/* spawn(...): as start_processes, always with "spawn"; another start method
+** is warned about and ignored, as torch does. */
+static int l_spawn(lua_State *L) {
+  int nprocs, join, daemon;
+  lua_settop(L, 6);
+  check_fn_and_args(L);
+  nprocs = check_nprocs(L, 3);
+  join = check_flag(L, 4, 1);
+  daemon = check_flag(L, 5, 0);
+  if (!lua_isnil(L, 6)
+      && !(lua_type(L, 6) == LUA_TSTRING
+           && strcmp(lua_tostring(L, 6), "spawn") == 0)) {
+    lua_warning(L, "multiprocessing.spawn only supports start_method "
+                   "\"spawn\" (got: ", 1);
+    lua_warning(L, luaL_tolstring(L, 6, NULL), 1);
+    lua_warning(L, "); use multiprocessing.start_processes(...) for another "
+                   "start method", 0);
+    lua_pop(L, 1);
+  }
+  return start(L, &mp_start_spawn, nprocs, join, daemon);
+}
+
+static int ctx_join(lua_State *L) {
+  double timeout, grace;
+  mp_checkcontext(L, 1);
+  timeout = check_seconds(L, 2, -1);
+  grace = check_seconds(L, 3, MP_DEFAULT_GRACE);
+  lua_pushboolean(L, mp_join(L, 1, timeout, grace, !lua_isnoneornil(L, 3)));
+  return 1;
+}
+
+static int ctx_pids(lua_State *L) {
+  mp_Context *ctx = mp_checkcontext(L, 1);
+  int i;
+  lua_createtable(L, ctx->nprocs, 0);
+  for (i = 0; i < ctx->started; i++) {
+    lua_pushinteger(L, ctx->workers[i].pid);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+/* results(): {rank0_value, ..., n = nprocs} once join has returned true. */
+static int ctx_results(lua_State *L) {
+  mp_Context *ctx = mp_checkcontext(L, 1);
+  lua_getiuservalue(L, 1, 1);
+  if (lua_getfield(L, -1, "failure") != LUA_TNIL) return lua_error(L);
+  if (!ctx->closed)
+    return luaL_error(L, "results are available once join has returned true");
+  lua_getfield(L, -2, "results");
+  return 1;
+}
+
+/* close([grace_period]) and __close/__gc: terminate and reap what runs. */
+static int ctx_close(lua_State *L) {
+  mp_Context *ctx = mp_checkcontext(L, 1);
+  mp_context_close(ctx, check_seconds(L, 2, MP_DEFAULT_GRACE));
+  return 0;
+}
+
+static int ctx_gc(lua_State *L) {
+  mp_context_close(mp_checkcontext(L, 1), MP_DEFAULT_GRACE);
+  return 0;
+}
+
+static int ctx_tostring(lua_State *L) {
+  mp_Context *ctx = mp_checkcontext(L, 1);
+  int i, alive = 0;
+  for (i = 0; i < ctx->started; i++)
+    alive += ctx->workers[i].state == MP_RUNNING;
+  lua_pushfstring(L, "ProcessContext (%s, %d processes, %d running): %p",
+                  ctx->method->name, ctx->nprocs, alive, (void *)ctx);
+  return 1;
+}
+
+static int ctx_index(lua_State *L) {
+  mp_Context *ctx = mp_checkcontext(L, 1);
+  const char *key = lua_tostring(L, 2);
+  if (key != NULL && strcmp(key, "processes") == 0) {
+    lua_getiuservalue(L, 1, 1);
+    lua_getfield(L, -1, "processes");
+  } else if (key != NULL && strcmp(key, "daemon") == 0) {
+    lua_pushboolean(L, ctx->daemon);
+  } else if (key != NULL && strcmp(key, "start_method") == 0) {
+    lua_pushstring(L, ctx->method->name);
+  } else {
+    lua_getmetatable(L, 1);
+    lua_getfield(L, -1, "methods");
+    lua_pushvalue(L, 2);
+    lua_rawget(L, -2);
+  }
+  return 1;
+}
+
+/* --- Process ------------------------------------------------------------- */
+
+static mp_Worker *check_process(lua_State *L, int idx) {
+  Process *p = luaL_checkudata(L, idx, MP_PROCESS_T);
+  mp_Context *ctx;
+  lua_getiuservalue(L, idx, 1);
+  ctx = lua_touserdata(L, -1);
+  lua_pop(L, 1);  /* the process handle keeps the context alive */
+  return &ctx->workers[p->rank];
+}
+
+static int process_is_alive(lua_State *L) {
+  mp_Worker *w = check_process(L, 1);
+  lua_pushboolean(L, w->pid > 0 && !mp_reap(w));
+  return 1;
+}
+
+static int process_signal(lua_State *L, int sig) {
+  mp_Worker *w = check_process(L, 1);
+  if (w->pid > 0 && !mp_reap(w) && pidfd_send_signal(w->pidfd, sig, NULL, 0) != 0)
+    return luaL_error(L, "cannot signal process %d: %s", (int)w->pid,
+                      strerror(errno));
+  return 0;
+}
+
+static int process_terminate(lua_State *L) { return process_signal(L, SIGTERM); }
+static int process_kill(lua_State *L) { return process_signal(L, SIGKILL); }
+
+static int process_index(lua_State *L) {
+  mp_Worker *w = check_process(L, 1);
+  const char *key = lua_tostring(L, 2);
+  if (key != NULL && strcmp(key, "pid") == 0) {
+    lua_pushinteger(L, w->pid);
+  } else if (key != NULL && strcmp(key, "exitcode") == 0) {
+    if (w->pid > 0 && mp_reap(w) && w->exitcode != MP_EXIT_UNKNOWN)
+      lua_pushinteger(L, w->exitcode);
+    else
+      lua_pushnil(L);
+  } else if (key != NULL && strcmp(key, "rank") == 0) {
+    lua_pushinteger(L, ((Process *)lua_touserdata(L, 1))->rank);
+  } else {
+    lua_getmetatable(L, 1);
+    lua_getfield(L, -1, "methods");
+    lua_pushvalue(L, 2);
+    lua_rawget(L, -2);
+  }
+  return 1;
+}
+
+static int process_tostring(lua_State *L) {
+  mp_Worker *w = check_process(L, 1);
+  Process *p = lua_touserdata(L, 1);
+  if (w->pid > 0 && mp_reap(w))
+    lua_pushfstring(L, "Process %d (pid %d, exitcode %d)", p->rank,
+                    (int)w->pid, w->exitcode);
+  else
+    lua_pushfstring(L, "Process %d (pid %d, running)", p->rank, (int)w->pid);
+  return 1;
+}
+
+/* --- registration -------------------------------------------------------- */
+
+static void new_class(lua_State *L, const char *tname, const luaL_Reg *meta,
+                      const luaL_Reg *methods_) {
+  luaL_newmetatable(L, tname);
+  luaL_setfuncs(L, meta, 0);
+  lua_newtable(L);
+  luaL_setfuncs(L, methods_, 0);
+  lua_setfield(L, -2, "methods");
+}
+
+void mp_open_context(lua_State *L) {
+  static const luaL_Reg ctx_meta[] = {
+    {"__index", ctx_index}, {"__gc", ctx_gc}, {"__close", ctx_gc},
+    {"__tostring", ctx_tostring}, {NULL, NULL}
+  };
+  static const luaL_Reg ctx_methods[] = {
+    {"join", ctx_join}, {"pids", ctx_pids}, {"results", ctx_results},
+    {"close", ctx_close}, {NULL, NULL}
+  };
+  static const luaL_Reg process_meta[] = {
+    {"__index", process_index}, {"__tostring", process_tostring}, {NULL, NULL}
+  };
+  static const luaL_Reg process_methods[] = {
+    {"is_alive", process_is_alive}, {"terminate", process_terminate},
+    {"kill", process_kill}, {NULL, NULL}
+  };
+  new_class(L, MP_CONTEXT_T, ctx_meta, ctx_methods);
+  lua_setfield(L, -2, "ProcessContext");
+  new_class(L, MP_PROCESS_T, process_meta, process_methods);
+  lua_setfield(L, -2, "Process");
+  lua_pushcfunction(L, l_start_processes);
+  lua_setfield(L, -2, "start_processes");
+  lua_pushcfunction(L, l_spawn);
+  lua_setfield(L, -2, "spawn");
+}

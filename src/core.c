@@ -1,0 +1,32 @@
+/*
+** core.c -- multiprocessing.core: the module table and the helpers that
+** every part shares.  Each part registers its own functions (mp_open_*).
+*/
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#include "mp.h"
+
+double mp_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int mp_push_errno(lua_State *L, const char *what, int err) {
+  lua_pushfstring(L, "%s: %s", what, strerror(err));
+  return err;
+}
+
+LUAMOD_API int luaopen_multiprocessing_core(lua_State *L);
+
+__attribute__((visibility("default")))
+int luaopen_multiprocessing_core(lua_State *L) {
+  lua_newtable(L);
+  mp_open_signames(L);
+  mp_open_codec(L);
+  mp_open_exception(L);
+  mp_open_context(L);
+  return 1;
+}

@@ -1,0 +1,130 @@
+/*
+** mp.h -- what the files of multiprocessing.core share.
+**
+** One concern per file:
+**   core.c         module table, assembles the pieces below
+**   context.c      ProcessContext and Process userdata, start_processes/spawn
+**   join.c         waiting for workers, terminating them, collecting failures
+**   exception.c    the exception types and isinstance
+**   reports.c      the memfd where workers leave error reports and results
+**   worker.c       the child side: run fn(i, ...), report, leave with _exit
+**   start_fork.c   the "fork" start method
+**   start_spawn.c  the "spawn" start method (fresh interpreter)
+**   forkserver.c   the "forkserver" start method
+**   signames.c     signal numbers <-> names
+**   codec.c        Lua values <-> bytes (codec.h)
+*/
+#ifndef mp_h
+#define mp_h
+
+#include <sys/types.h>
+#include "lua.h"
+#include "lauxlib.h"
+
+#define MP_CONTEXT_T   "multiprocessing.ProcessContext"
+#define MP_PROCESS_T   "multiprocessing.Process"
+
+/* --- one worker of a context --- */
+typedef enum { MP_RUNNING, MP_EXITED } mp_WorkerState;
+#define MP_EXIT_UNKNOWN  (-1000)
+
+typedef struct mp_Worker {
+  pid_t pid;          /* 0 when never started */
+  int pidfd;          /* -1 once reaped (or never opened) */
+  mp_WorkerState state;
+  int exitcode;       /* exit status, minus the signal number, or
+                         MP_EXIT_UNKNOWN when another waiter took it */
+  int terminated;     /* we signalled it: its death is not a failure */
+} mp_Worker;
+
+/* --- the workers' reports: errors and results (reports.c) --- */
+typedef struct mp_Reports {
+  int fd;                 /* a memfd, -1 once closed */
+} mp_Reports;
+
+#define MP_REPORT_ERROR   1
+#define MP_REPORT_RESULT  2
+
+int  mp_reports_create(mp_Reports *r);           /* 0 or errno */
+void mp_reports_close(mp_Reports *r);            /* idempotent */
+/* Reads a worker's report of 'kind' (malloc'd; NULL when there is none) and
+** releases its slot. */
+char *mp_reports_take(mp_Reports *r, int rank, int kind, size_t *size);
+/* Worker side: writes its report; 0 or errno. */
+int  mp_reports_put(int fd, int rank, int kind, const char *data, size_t size);
+
+/* --- a context: the workers of one start_processes call --- */
+typedef struct mp_StartMethod mp_StartMethod;
+
+typedef struct mp_Context {
+  int nprocs;
+  int started;            /* workers 0..started-1 have a pid */
+  int daemon;
+  int closed;             /* workers reaped and reports closed */
+  const mp_StartMethod *method;
+  mp_Reports reports;
+  mp_Worker workers[1];   /* nprocs of them */
+} mp_Context;
+
+/* A start method starts workers 0..nprocs-1 of 'ctx', each running the
+** function at stack index 'fn' with the argument table at 'args'.  It records
+** each worker in ctx->workers[i] and ctx->started as it goes; on failure it
+** returns an errno-style code with a message pushed, and the caller
+** terminates and reaps the ones already started. */
+struct mp_StartMethod {
+  const char *name;
+  int (*start)(lua_State *L, mp_Context *ctx, int fn, int args);
+};
+
+extern const mp_StartMethod mp_start_fork;
+extern const mp_StartMethod mp_start_spawn;
+extern const mp_StartMethod mp_start_forkserver;
+
+/* join.c */
+#define MP_DEFAULT_GRACE 30.0
+/* Waits up to 'timeout' seconds (< 0: forever).  Returns 1 when every worker
+** exited 0, 0 on timeout; on a failure it waits 'grace' for the others when
+** 'grace_given', terminates the rest and raises the exception. */
+int  mp_join(lua_State *L, int ctxidx, double timeout, double grace,
+             int grace_given);
+/* Terminates (SIGTERM, grace, SIGKILL) and reaps every live worker of ctx,
+** and signals the process group of each, so grandchildren go too. */
+void mp_terminate_all(mp_Context *ctx, double grace);
+/* Reaps the worker if it has exited (never blocks); 1 when it is exited. */
+int  mp_reap(mp_Worker *w);
+
+/* context.c */
+mp_Context *mp_checkcontext(lua_State *L, int idx);
+/* Terminates and reaps what still runs, closes the reports. */
+void mp_context_close(mp_Context *ctx, double grace);
+
+/* exception.c: types are metatables named below; each has __parent. */
+#define MP_EXC_BASE    "multiprocessing.ProcessException"
+#define MP_EXC_RAISED  "multiprocessing.ProcessRaisedException"
+#define MP_EXC_EXITED  "multiprocessing.ProcessExitedException"
+/* Pushes a new exception of type 'tname' whose fields are taken from the
+** table at 'fields' (msg, error_index, error_pid, ...). */
+void mp_exception_new(lua_State *L, const char *tname, int fields);
+
+/* worker.c, in the child: joins its own process group, dies with the parent
+** (exits at once if the parent is already gone), resets SIGINT/SIGTERM. */
+void mp_worker_detach(pid_t parent);
+/* Runs fn(rank, table.unpack(args)), reports, and never returns. */
+void mp_worker_run(lua_State *L, int fn, int args, int rank, int reportfd)
+    __attribute__((noreturn));
+
+/* signames.c */
+const char *mp_signal_name(int signum);   /* NULL when unknown */
+int mp_signal_number(const char *name);   /* 0 when unknown */
+
+/* Registration of each part into the module table at the top of the stack. */
+void mp_open_exception(lua_State *L);
+void mp_open_context(lua_State *L);
+void mp_open_codec(lua_State *L);
+void mp_open_signames(lua_State *L);
+
+/* small helpers shared by the parts (core.c) */
+double mp_now(void);                     /* CLOCK_MONOTONIC seconds */
+int    mp_push_errno(lua_State *L, const char *what, int err); /* pushes msg */
+
+#endif

@@ -1,0 +1,68 @@
+/*
+** start_fork.c -- the "fork" start method: each worker is a fork of the
+** calling process and runs the function in its copy of the Lua state.
+** Fast, but only safe in a single-threaded host; see "spawn".
+*/
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/pidfd.h>
+#include <unistd.h>
+
+#include "mp.h"
+
+/* When the host ignores SIGCHLD (or handles it, and may reap), a child that
+** exits at once could be reaped before we hold its pidfd, and its status
+** would be lost.  Then the children wait at a gate (a pipe) that opens when
+** the parent has every pidfd. */
+static int host_may_reap(void) {
+  struct sigaction sa;
+  if (sigaction(SIGCHLD, NULL, &sa) != 0) return 1;
+  return sa.sa_handler != SIG_DFL || (sa.sa_flags & SA_NOCLDWAIT);
+}
+
+static void wait_at_gate(int gate) {
+  char c;
+  while (read(gate, &c, 1) < 0 && errno == EINTR) {}
+  close(gate);
+}
+
+static int fork_start(lua_State *L, mp_Context *ctx, int fn, int args) {
+  pid_t parent = getpid();
+  int gate[2] = {-1, -1};
+  int i, err = 0;
+  if (host_may_reap() && pipe2(gate, O_CLOEXEC) != 0)
+    return mp_push_errno(L, "pipe", errno);
+  /* Anything still buffered would otherwise be printed by every child. */
+  fflush(NULL);
+  for (i = 0; i < ctx->nprocs && err == 0; i++) {
+    mp_Worker *w = &ctx->workers[i];
+    pid_t pid = fork();
+    if (pid < 0) {
+      err = mp_push_errno(L, "fork", errno);
+      break;
+    }
+    if (pid == 0) {
+      mp_worker_detach(parent);
+      if (gate[0] >= 0) {
+        close(gate[1]);
+        wait_at_gate(gate[0]);
+      }
+      mp_worker_run(L, fn, args, i, ctx->reports.fd);
+    }
+    setpgid(pid, pid);  /* also here: we may signal the group before the
+                           child has run a single instruction */
+    w->pid = pid;
+    ctx->started = i + 1;
+    w->pidfd = pidfd_open(pid, 0);
+    if (w->pidfd < 0) err = mp_push_errno(L, "pidfd_open", errno);
+  }
+  if (gate[0] >= 0) {
+    close(gate[0]);
+    close(gate[1]);
+  }
+  return err;
+}
+
+const mp_StartMethod mp_start_fork = {"fork", fork_start};

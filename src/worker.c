@@ -1,0 +1,205 @@
+/*
+** worker.c -- the child's side, the same for every start method: detach
+** from the parent's terminal job, run fn(i, ...), leave a report in the
+** context's report file, and leave with _exit.
+*/
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "mp.h"
+
+/* A report longer than this keeps its head and its tail (where the error
+** message is) around a visible marker. */
+#define REPORT_MAX  (1024 * 1024)
+
+void mp_worker_detach(pid_t parent) {
+  static const int resets[] = {SIGINT, SIGTERM};
+  sigset_t set;
+  size_t i;
+  /* Our own process group: Ctrl-C at the terminal reaches the parent only,
+  ** and terminating the worker's group takes its children too. */
+  setpgid(0, 0);
+  /* Die with the parent; if it died before prctl, nobody will signal us. */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(1);
+  /* As exec would: a handler the parent installed for these is dropped, so
+  ** SIGTERM and SIGINT terminate the worker; an ignored signal stays so. */
+  sigemptyset(&set);
+  for (i = 0; i < sizeof resets / sizeof resets[0]; i++) {
+    struct sigaction sa;
+    if (sigaction(resets[i], NULL, &sa) == 0 && sa.sa_handler != SIG_IGN) {
+      sa.sa_handler = SIG_DFL;
+      sa.sa_flags = 0;
+      sigaction(resets[i], &sa, NULL);
+    }
+    sigaddset(&set, resets[i]);
+  }
+  sigprocmask(SIG_UNBLOCK, &set, NULL);
+}
+
+/* Pushes a readable text for the error value at 'idx', as lua.c would:
+** a string or number as is, else its __tostring (which may fail itself
+** without losing the failure), else the type. */
+static int call_tostring(lua_State *L) {
+  luaL_tolstring(L, 1, NULL);
+  return 1;
+}
+
+static void push_error_text(lua_State *L, int idx) {
+  idx = lua_absindex(L, idx);
+  if (lua_type(L, idx) == LUA_TSTRING || lua_type(L, idx) == LUA_TNUMBER) {
+    lua_pushstring(L, lua_tostring(L, idx));
+    return;
+  }
+  if (luaL_getmetafield(L, idx, "__tostring") != LUA_TNIL) {
+    lua_pop(L, 1);
+    lua_pushcfunction(L, call_tostring);
+    lua_pushvalue(L, idx);
+    if (lua_pcall(L, 1, 1, 0) == LUA_OK && lua_type(L, -1) == LUA_TSTRING)
+      return;
+    lua_pushfstring(L, "(error object is a %s value; its __tostring failed: %s)",
+                    luaL_typename(L, idx), luaL_tolstring(L, -1, NULL));
+    lua_remove(L, -2);
+    lua_remove(L, -2);
+    return;
+  }
+  lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, idx));
+}
+
+/* Message handler: {text = traceback .. "\n" .. message, value = error}.
+** The traceback comes first so that the report ends with the message, as a
+** Python traceback does. */
+static int make_report(lua_State *L) {
+  lua_createtable(L, 0, 2);
+  lua_pushvalue(L, 1);
+  lua_setfield(L, -2, "value");
+  luaL_traceback(L, L, NULL, 1);
+  lua_pushliteral(L, "\n");
+  push_error_text(L, 1);
+  lua_concat(L, 3);
+  lua_setfield(L, -2, "text");
+  return 1;
+}
+
+static void cap_text(lua_State *L, int report) {
+  size_t len;
+  const char *text;
+  lua_getfield(L, report, "text");
+  text = lua_tolstring(L, -1, &len);
+  if (text != NULL && len > REPORT_MAX) {
+    size_t keep = REPORT_MAX / 2;
+    lua_pushlstring(L, text, keep);
+    lua_pushfstring(L, "\n\n[... %I bytes of this error report omitted ...]\n\n",
+                    (lua_Integer)(len - 2 * keep));
+    lua_pushlstring(L, text + len - keep, keep);
+    lua_concat(L, 3);
+    lua_setfield(L, report, "text");
+  }
+  lua_pop(L, 1);
+}
+
+/* Protected: encodes the value at 1 and writes it as the report of 'kind'
+** (at 4) of rank (at 2) into the report file (fd at 3). */
+static int put_report(lua_State *L) {
+  int kind = (int)lua_tointeger(L, 4);
+  const char *names[1];
+  mp_Encoded enc;
+  int err;
+  names[0] = kind == MP_REPORT_RESULT ? "result" : "error report";
+  mp_encode(L, 1, 1, MP_CODEC_DATA, names, "back to the parent", &enc);
+  if (enc.nfds > 0)
+    return luaL_error(L, "cannot send an object that carries a descriptor "
+                         "back to the parent in a report; use a queue");
+  err = mp_reports_put((int)lua_tointeger(L, 3), (int)lua_tointeger(L, 2),
+                       kind, enc.data, enc.size);
+  if (err != 0)
+    return luaL_error(L, "cannot write the report: %s", strerror(err));
+  return 0;
+}
+
+static int try_put(lua_State *L, int value, int rank, int reportfd,
+                   int kind) {
+  int status;
+  value = lua_absindex(L, value);
+  lua_pushcfunction(L, put_report);
+  lua_pushvalue(L, value);
+  lua_pushinteger(L, rank);
+  lua_pushinteger(L, reportfd);
+  lua_pushinteger(L, kind);
+  status = lua_pcall(L, 4, 0, 0);
+  return status;  /* the error message, if any, is on the stack */
+}
+
+/* The report at 'report' is a table from make_report, or a bare message when
+** the handler could not run (out of memory).  A value that cannot be sent is
+** dropped, its text kept; failing all else, stderr gets the text. */
+static void report_error(lua_State *L, int report, int rank, int reportfd) {
+  report = lua_absindex(L, report);
+  if (!lua_istable(L, report)) {
+    lua_createtable(L, 0, 1);
+    push_error_text(L, report);
+    lua_setfield(L, -2, "text");
+    lua_replace(L, report);
+  }
+  cap_text(L, report);
+  if (try_put(L, report, rank, reportfd, MP_REPORT_ERROR) == LUA_OK) return;
+  lua_pop(L, 1);
+  lua_pushnil(L);
+  lua_setfield(L, report, "value");
+  if (try_put(L, report, rank, reportfd, MP_REPORT_ERROR) == LUA_OK) return;
+  lua_getfield(L, report, "text");
+  fprintf(stderr, "multiprocessing: process %d failed and could not report: "
+                  "%s\n%s\n", rank, lua_tostring(L, -2), lua_tostring(L, -1));
+}
+
+/* A result that cannot be sent fails the worker: nothing is dropped. */
+static int report_result(lua_State *L, int result, int rank, int reportfd) {
+  if (lua_isnil(L, result)) return 0;
+  if (try_put(L, result, rank, reportfd, MP_REPORT_RESULT) == LUA_OK) return 0;
+  report_error(L, -1, rank, reportfd);
+  return 1;
+}
+
+static int push_args(lua_State *L, lua_State *co, int args) {
+  lua_Integer n, i;
+  if (lua_getfield(L, args, "n") == LUA_TNUMBER && lua_isinteger(L, -1))
+    n = lua_tointeger(L, -1);
+  else
+    n = luaL_len(L, args);
+  lua_pop(L, 1);
+  luaL_checkstack(co, (int)n + 2, "too many arguments");
+  for (i = 1; i <= n; i++) {
+    lua_geti(L, args, i);
+    lua_xmove(L, co, 1);
+  }
+  return (int)n;
+}
+
+void mp_worker_run(lua_State *L, int fn, int args, int rank, int reportfd) {
+  /* A fresh thread: the traceback shows the worker's frames only. */
+  lua_State *co = lua_newthread(L);
+  int nargs, status, code = 0;
+  fn = lua_absindex(L, fn);
+  args = lua_absindex(L, args);
+  lua_pushcfunction(co, make_report);
+  lua_pushvalue(L, fn);
+  lua_xmove(L, co, 1);
+  lua_pushinteger(co, rank);
+  nargs = push_args(L, co, args);
+  status = lua_pcall(co, nargs + 1, 1, 1);
+  lua_xmove(co, L, 1);
+  if (status == LUA_OK)
+    code = report_result(L, -1, rank, reportfd);
+  else {
+    report_error(L, -1, rank, reportfd);
+    code = 1;
+  }
+  /* Our own output only: the parent flushed its buffers before forking. */
+  fflush(NULL);
+  _exit(code);
+}
