@@ -92,6 +92,16 @@ int mp_reap(mp_Worker *w) {
   return 1;
 }
 
+void mp_discard(mp_Worker *w) {
+  siginfo_t si;
+  kill(w->pid, SIGKILL);
+  killpg(w->pid, SIGKILL);
+  wait_worker(w, &si, 0);
+  w->exitcode = -SIGKILL;
+  w->terminated = 1;
+  w->state = MP_EXITED;
+}
+
 static void signal_worker(mp_Worker *w, int sig) {
   if (w->state != MP_RUNNING) return;
   if (w->pidfd < 0 || pidfd_send_signal(w->pidfd, sig, NULL, 0) != 0)
@@ -134,19 +144,28 @@ static int took_interrupt(Interrupt *in) {
 typedef enum { WOKE_EXIT, WOKE_TIMEOUT, WOKE_INTERRUPT } Wake;
 
 /* Sleeps until a running worker exits, 'deadline' passes or SIGINT comes
-** ('in' may be NULL: not interruptible). */
+** ('in' may be NULL: not interruptible), and reaps the workers whose pidfd
+** became readable: only those, so a wake-up costs a syscall per exit, not
+** one per worker. */
 static Wake wait_any(mp_Context *ctx, double deadline, Interrupt *in) {
   struct pollfd *fds = malloc(sizeof *fds * ((size_t)ctx->nprocs + 1));
-  nfds_t n = 0;
+  mp_Worker **who = malloc(sizeof *who * ((size_t)ctx->nprocs + 1));
+  nfds_t n = 0, k;
   int i, r;
   Wake wake = WOKE_EXIT;
-  if (fds == NULL) return WOKE_TIMEOUT;  /* the caller's loop retries */
+  if (fds == NULL || who == NULL) {
+    free(fds);
+    free(who);
+    return WOKE_TIMEOUT;  /* the caller's loop tries again */
+  }
   for (i = 0; i < ctx->started; i++) {
     if (ctx->workers[i].state != MP_RUNNING) continue;
+    who[n] = &ctx->workers[i];
     fds[n].fd = ctx->workers[i].pidfd;
     fds[n++].events = POLLIN;
   }
   if (in != NULL && in->fd >= 0) {
+    who[n] = NULL;
     fds[n].fd = in->fd;
     fds[n++].events = POLLIN;
   }
@@ -162,23 +181,22 @@ static Wake wait_any(mp_Context *ctx, double deadline, Interrupt *in) {
       break;
     }
   }
+  for (k = 0; r > 0 && k < n; k++)
+    if (fds[k].revents != 0 && who[k] != NULL) mp_reap(who[k]);
   if (in != NULL && took_interrupt(in)) wake = WOKE_INTERRUPT;
   free(fds);
+  free(who);
   return wake;
 }
 
-/* Reaps whatever has exited; returns the lowest rank that failed on its own
-** (not by our hand), or -1. */
-static int collect(mp_Context *ctx) {
-  int i, failed = -1;
+/* The lowest rank that failed on its own (not by our hand), or -1. */
+static int first_failure(const mp_Context *ctx) {
+  int i;
   for (i = 0; i < ctx->started; i++) {
-    mp_Worker *w = &ctx->workers[i];
-    mp_reap(w);
-    if (failed < 0 && w->state == MP_EXITED && w->exitcode != 0
-        && !w->terminated)
-      failed = i;
+    const mp_Worker *w = &ctx->workers[i];
+    if (w->state == MP_EXITED && w->exitcode != 0 && !w->terminated) return i;
   }
-  return failed;
+  return -1;
 }
 
 static int running(const mp_Context *ctx) {
@@ -190,7 +208,7 @@ static int running(const mp_Context *ctx) {
 
 /* Waits until every worker exited or 'deadline'; 0 when interrupted. */
 static int wait_all(mp_Context *ctx, double deadline, Interrupt *in) {
-  for (collect(ctx); running(ctx) > 0; collect(ctx)) {
+  while (running(ctx) > 0) {
     Wake wake = wait_any(ctx, deadline, in);
     if (wake == WOKE_INTERRUPT) return 0;
     if (wake == WOKE_TIMEOUT && mp_now() >= deadline) break;
@@ -202,7 +220,6 @@ static int wait_all(mp_Context *ctx, double deadline, Interrupt *in) {
 ** grace.  Returns with every worker reaped. */
 static void terminate_watched(mp_Context *ctx, double grace, Interrupt *in) {
   int i;
-  collect(ctx);
   for (i = 0; i < ctx->started; i++) {
     mp_Worker *w = &ctx->workers[i];
     if (w->state != MP_RUNNING) continue;
@@ -420,7 +437,7 @@ int mp_join(lua_State *L, int ctxidx, double timeout, double grace,
   watch_interrupt(&in);
   for (;;) {
     Wake wake;
-    failed = collect(ctx);
+    failed = first_failure(ctx);
     if (failed >= 0 || running(ctx) == 0) break;
     wake = wait_any(ctx, deadline, &in);
     if (wake == WOKE_INTERRUPT) {

@@ -92,6 +92,8 @@ int  mp_join(lua_State *L, int ctxidx, double timeout, double grace,
 void mp_terminate_all(mp_Context *ctx, double grace);
 /* Reaps the worker if it has exited (never blocks); 1 when it is exited. */
 int  mp_reap(mp_Worker *w);
+/* Kills and reaps, by pid, a worker whose pidfd could not be had. */
+void mp_discard(mp_Worker *w);
 
 /* context.c */
 mp_Context *mp_checkcontext(lua_State *L, int idx);

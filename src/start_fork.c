@@ -56,7 +56,10 @@ static int fork_start(lua_State *L, mp_Context *ctx, int fn, int args) {
     w->pid = pid;
     ctx->started = i + 1;
     w->pidfd = pidfd_open(pid, 0);
-    if (w->pidfd < 0) err = mp_push_errno(L, "pidfd_open", errno);
+    if (w->pidfd < 0) {
+      err = mp_push_errno(L, "pidfd_open", errno);
+      mp_discard(w);
+    }
   }
   if (gate[0] >= 0) {
     close(gate[0]);
