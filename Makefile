@@ -44,7 +44,7 @@ CORE_SRC = src/core.c src/context.c src/join.c src/exception.c src/reports.c \
 CORE_OBJ = $(CORE_SRC:src/%.c=$(BUILD)/obj/%.o)
 CORE_SO  = $(BUILD)/multiprocessing/core.so
 
-.PHONY: all test check check-asan bench example install uninstall clean
+.PHONY: all test check check-asan fuzz bench example install uninstall clean
 all: $(CORE_SO)
 
 $(BUILD)/obj/%.o: src/%.c src/*.h
@@ -73,6 +73,11 @@ check-asan:
 
 check:
 	sh scripts/check.sh
+
+# A short libFuzzer run of the decoder (clang); FUZZ_TIME=600 for a long one.
+FUZZ_TIME ?= 20
+fuzz:
+	$(MAKE) -f fuzz/Makefile fuzz FUZZ_TIME=$(FUZZ_TIME)
 
 example: all
 	$(LUA) examples/pipeline.lua

@@ -19,6 +19,9 @@ for target in test check-asan; do
   cat "$log/$target.out"
 done
 
+echo "==> make fuzz"
+make --no-print-directory fuzz || status=1
+
 # Each busted run printed "SUMMARY <passed> <failed>".
 awk '/^SUMMARY [0-9]+ [0-9]+$/ { p += $2; f += $3; runs++ }
      END { if (runs < 2) f += 1; printf "%d passed, %d failed\n", p, f }' \

@@ -3,7 +3,7 @@
 # Debian machine.  Safe to run again: packages already present are skipped.
 set -eu
 
-packages="build-essential pkg-config lua5.4 liblua5.4-dev lua-busted clang python3"
+packages="build-essential pkg-config lua5.4 liblua5.4-dev lua-busted clang libclang-rt-dev python3"
 
 missing=""
 for p in $packages; do

@@ -236,7 +236,7 @@ static void put_number (Enc *e, int idx) {
   if (lua_isinteger(L, idx)) {
     lua_Unsigned u = (lua_Unsigned)lua_tointeger(L, idx);
     put_byte(e, T_INT);
-    put_varint(e, (u << 1) ^ (0 - (u >> 63)));  /* zigzag: small |i|, few bytes */
+    put_varint(e, (u << 1) ^ (0 - (u >> 63)));  /* zigzag: small |i|, short */
   }
   else {
     lua_Number x = lua_tonumber(L, idx);
@@ -433,7 +433,7 @@ static void enter (Enc *e, const Step *at) {
     fail(e->L, "cannot send %s: nesting too deep (more than %d levels)",
          lua_tostring(e->L, -1), MAXDEPTH);
   }
-  luaL_checkstack(e->L, 8, "cannot send: nesting too deep");
+  luaL_checkstack(e->L, 8, NULL);
 }
 
 /* }------------------------------------------------------------------ */
@@ -485,18 +485,19 @@ static void index_modules (Enc *e) {
   lua_replace(L, e->box_idx + S_MODULES);
   lua_newtable(L);
   lua_replace(L, e->box_idx + S_FIELDS);
-  lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
-  lua_pushnil(L);
-  while (lua_next(L, -2)) {
-    int mod = lua_gettop(L);
-    if (lua_type(L, -2) == LUA_TSTRING) {
-      int globals = lua_rawequal(L, mod, e->box_idx + S_GLOBALS);
-      if (lua_isfunction(L, mod) || (lua_istable(L, mod) && !globals))
-        index_entry(e, mod, mod - 1, 0);
-      if (lua_istable(L, mod))
-        index_fields(e, mod - 1, mod, globals);
+  if (lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE) == LUA_TTABLE) {
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+      int mod = lua_gettop(L);
+      if (lua_type(L, mod - 1) == LUA_TSTRING) {
+        int globals = lua_rawequal(L, mod, e->box_idx + S_GLOBALS);
+        if (lua_isfunction(L, mod) || (lua_istable(L, mod) && !globals))
+          index_entry(e, mod, mod - 1, 0);
+        if (lua_istable(L, mod))
+          index_fields(e, mod - 1, mod, globals);
+      }
+      lua_pop(L, 1);
     }
-    lua_pop(L, 1);
   }
   lua_pop(L, 1);
 }
@@ -633,7 +634,12 @@ static void encode_upvalues (Enc *e, int f, lua_Integer id, const Step *at) {
       lua_pushinteger(L, id * 256 + i);
       lua_rawset(L, upvals);
       s.name = lua_getupvalue(L, f, i);
-      encode_value(e, lua_gettop(L), &s);
+      /* A function's globals are the receiver's, whatever table the
+      ** sender ran it with (busted, sandboxes): nothing of it is copied. */
+      if (strcmp(s.name, "_ENV") == 0 && lua_istable(L, -1))
+        put_byte(e, T_GLOBALS);
+      else
+        encode_value(e, lua_gettop(L), &s);
       lua_pop(L, 1);
     }
     lua_pop(L, 1);
@@ -722,7 +728,9 @@ static void encode_value (Enc *e, int idx, const Step *at) {
   lua_State *L = e->L;
   switch (lua_type(L, idx)) {
     case LUA_TNIL: put_byte(e, T_NIL); break;
-    case LUA_TBOOLEAN: put_byte(e, lua_toboolean(L, idx) ? T_TRUE : T_FALSE); break;
+    case LUA_TBOOLEAN:
+      put_byte(e, lua_toboolean(L, idx) ? T_TRUE : T_FALSE);
+      break;
     case LUA_TNUMBER: put_number(e, idx); break;
     case LUA_TSTRING: {
       size_t len;
@@ -805,7 +813,8 @@ typedef mp_Reader Dec;
 static int bad (Dec *d, const char *fmt, ...) {
   lua_State *L = d->L;
   va_list ap;
-  lua_pushfstring(L, "bad message at byte %I: ", (lua_Integer)(d->p - d->start));
+  lua_pushfstring(L, "bad message at byte %I: ",
+                  (lua_Integer)(d->p - d->start));
   va_start(ap, fmt);
   lua_pushvfstring(L, fmt, ap);
   va_end(ap);
@@ -824,18 +833,20 @@ static size_t left (const Dec *d) {
 }
 
 /* Checks that 'n' items of at least 'unit' bytes each fit in what is left,
-** before anything is allocated for them. */
+** before anything is allocated for them.  'what' names them, with a %s for
+** 'n' (which lua_pushfstring cannot print when it passes 2^63). */
 static void need (Dec *d, lua_Unsigned n, size_t unit, const char *what) {
   if (n > left(d) / unit) {
     char count[24];
     snprintf(count, sizeof(count), "%llu", (unsigned long long)n);
-    bad(d, "truncated (%s of %s, %I bytes left)", what, count,
+    lua_pushfstring(d->L, what, count);
+    bad(d, "truncated (%s, %I bytes left)", lua_tostring(d->L, -1),
         (lua_Integer)left(d));
   }
 }
 
-static int get_byte (Dec *d) {
-  need(d, 1, 1, "a tag");
+static int get_byte (Dec *d, const char *what) {
+  need(d, 1, 1, what);
   return (unsigned char)*d->p++;
 }
 
@@ -851,7 +862,7 @@ static lua_Unsigned get_varint (Dec *d) {
   lua_Unsigned u = 0;
   int shift;
   for (shift = 0; ; shift += 7) {
-    unsigned c = (unsigned)get_byte(d);
+    unsigned c = (unsigned)get_byte(d, "a varint");
     if (shift == 63 && c > 1) {
       d->p = start;
       bad(d, "bad varint (more than 64 bits)");
@@ -862,11 +873,10 @@ static lua_Unsigned get_varint (Dec *d) {
 }
 
 static lua_Unsigned get_fixed (Dec *d, int size) {
-  const unsigned char *p = (const unsigned char *)get_bytes(d, (lua_Unsigned)size,
-                                                           "a number");
+  const char *p = get_bytes(d, (lua_Unsigned)size, "a number of %s bytes");
   lua_Unsigned u = 0;
   int i;
-  for (i = 0; i < size; i++) u |= (lua_Unsigned)p[i] << (8 * i);
+  for (i = 0; i < size; i++) u |= (lua_Unsigned)(unsigned char)p[i] << (8 * i);
   return u;
 }
 
@@ -879,7 +889,7 @@ static void push_lstring (Dec *d, const char *what) {
 static void enter_dec (Dec *d) {
   if (++d->depth > MAXDEPTH)
     bad(d, "nesting too deep (more than %d levels)", MAXDEPTH);
-  luaL_checkstack(d->L, 8, "bad message: nesting too deep");
+  luaL_checkstack(d->L, 8, NULL);
 }
 
 /* Gives the next number to the object on top. */
@@ -905,13 +915,17 @@ static void push_ref (Dec *d) {
 
 static void decode_value (Dec *d);
 
+/* Lua cannot index with nil or NaN: a message that does is not ours. */
 static void check_key (Dec *d, const char *at) {
   lua_State *L = d->L;
-  if (lua_isnil(L, -1) ||
-      (lua_type(L, -1) == LUA_TNUMBER && lua_tonumber(L, -1) != lua_tonumber(L, -1))) {
-    d->p = at;
-    bad(d, lua_isnil(L, -1) ? "nil key" : "NaN key");
+  int type = lua_type(L, -1);
+  if (type == LUA_TNUMBER) {
+    lua_Number x = lua_tonumber(L, -1);
+    if (x == x) return;
   }
+  else if (type != LUA_TNIL) return;
+  d->p = at;
+  bad(d, type == LUA_TNIL ? "nil key" : "NaN key");
 }
 
 /* In DATA mode the metatable must come as a module reference: the
@@ -934,9 +948,9 @@ static void decode_table (Dec *d, int hasmt) {
   lua_State *L = d->L;
   lua_Unsigned narr = get_varint(d), nhash, i;
   int t;
-  need(d, narr, 1, "an array");
+  need(d, narr, 1, "an array of %s items");
   nhash = get_fixed(d, 4);
-  need(d, nhash, 2, "a hash");
+  need(d, nhash, 2, "%s table entries");
   enter_dec(d);
   /* the counts are below the bytes left, which bounds what this allocates */
   lua_createtable(L, hint(narr), hint(nhash));
@@ -961,10 +975,11 @@ static void decode_table (Dec *d, int hasmt) {
 /* Replaces the module name on top with require(name). */
 static void require_module (Dec *d) {
   lua_State *L = d->L;
-  lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE);
-  lua_pushvalue(L, -2);
-  lua_rawget(L, -2);
-  lua_remove(L, -2);
+  if (lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE) == LUA_TTABLE) {
+    lua_pushvalue(L, -2);
+    lua_rawget(L, -2);
+    lua_remove(L, -2);
+  }
   if (!lua_toboolean(L, -1)) {  /* not loaded yet: what require would do */
     lua_pop(L, 1);
     if (lua_getglobal(L, "require") != LUA_TFUNCTION)
@@ -978,13 +993,13 @@ static void require_module (Dec *d) {
 
 static void decode_module (Dec *d, int field) {
   lua_State *L = d->L;
-  const char *at = d->p;
-  push_lstring(d, "a module name");
+  const char *at = d->p - 1;
+  push_lstring(d, "a module name of %s bytes");
   if (!field) {
     require_module(d);
     return;
   }
-  push_lstring(d, "a field name");
+  push_lstring(d, "a field name of %s bytes");
   lua_insert(L, -2);
   require_module(d);
   if (lua_istable(L, -1)) {
@@ -1030,7 +1045,7 @@ static void decode_function (Dec *d) {
     bad(d, "function bytecode is not accepted on this channel");
   }
   len = get_fixed(d, 4);
-  code = get_bytes(d, len, "bytecode");
+  code = get_bytes(d, len, "bytecode of %s bytes");
   enter_dec(d);
   if (luaL_loadbufferx(L, code, (size_t)len, "=(bytecode)", "b") != LUA_OK) {
     d->p = at;
@@ -1064,7 +1079,7 @@ static void decode_userdata (Dec *d) {
   const mp_CodecType *type;
   lua_Unsigned nbytes, nfds;
   int top;
-  push_lstring(d, "a type name");
+  push_lstring(d, "a type name of %s bytes");
   lua_getfield(L, LUA_REGISTRYINDEX, TYPES_KEY);
   lua_pushvalue(L, -2);
   if (!lua_istable(L, -2) || lua_rawget(L, -2) != LUA_TLIGHTUSERDATA) {
@@ -1075,7 +1090,7 @@ static void decode_userdata (Dec *d) {
   lua_pop(L, 2);
   nbytes = get_fixed(d, 4);
   nfds = get_fixed(d, 4);
-  need(d, nbytes, 1, "a userdata");
+  need(d, nbytes, 1, "a userdata of %s bytes");
   if (nfds > d->nfds - d->fd)
     bad(d, "userdata '%s' needs %I descriptors, %I came",
         type->tname, (lua_Integer)nfds, (lua_Integer)(d->nfds - d->fd));
@@ -1096,7 +1111,7 @@ static void decode_userdata (Dec *d) {
 
 static void decode_value (Dec *d) {
   lua_State *L = d->L;
-  int tag = get_byte(d);
+  int tag = get_byte(d, "a tag");
   switch (tag) {
     case T_NIL: lua_pushnil(L); break;
     case T_FALSE: lua_pushboolean(L, 0); break;
@@ -1113,7 +1128,7 @@ static void decode_value (Dec *d) {
       lua_pushnumber(L, x);
       break;
     }
-    case T_STRING: push_lstring(d, "a string"); break;
+    case T_STRING: push_lstring(d, "a string of %s bytes"); break;
     case T_TABLE: case T_TABLEMT: decode_table(d, tag == T_TABLEMT); break;
     case T_REF: push_ref(d); break;
     case T_GLOBALS: lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_GLOBALS); break;
@@ -1142,10 +1157,11 @@ int mp_decode (lua_State *L, const char *data, size_t size, int flags,
   if (size < 2 || (unsigned char)data[0] != MAGIC)
     fail(L, "bad message: not from this codec (no magic byte)");
   if (data[1] != VERSION)
-    fail(L, "bad message: codec version %d, expected %d", data[1], VERSION);
+    fail(L, "bad message: codec version %d, expected %d",
+         (unsigned char)data[1], VERSION);
   d.p += 2;
   n = get_varint(&d);
-  need(&d, n, 1, "a list of values");
+  need(&d, n, 1, "a message of %s values");
   luaL_checkstack(L, hint(n + 1), "bad message: too many values");
   lua_pushnil(L);
   d.refs = lua_gettop(L);
@@ -1158,7 +1174,7 @@ int mp_decode (lua_State *L, const char *data, size_t size, int flags,
 
 const char *mp_read_bytes (lua_State *L, mp_Reader *r, size_t n) {
   (void)L;  /* r->L: a reader lives within one mp_decode */
-  return get_bytes(r, n, "a userdata");
+  return get_bytes(r, n, "%s bytes of a userdata");
 }
 
 int mp_read_fd (lua_State *L, mp_Reader *r) {
@@ -1211,7 +1227,7 @@ static int l_encode (lua_State *L) {
     to = luaL_optstring(L, -1, to);
     if (lua_getfield(L, 1, "names") == LUA_TTABLE) {
       int given = lua_gettop(L);
-      names = (const char **)lua_newuserdatauv(L, (size_t)n * sizeof(char *) + 1, 0);
+      names = (const char **)lua_newuserdatauv(L, n * sizeof(char *) + 1, 0);
       for (i = 0; i < n; i++) {  /* the names live in opts.names */
         names[i] = lua_rawgeti(L, given, i + 1) == LUA_TSTRING
                    ? lua_tostring(L, -1) : "?";
@@ -1254,7 +1270,8 @@ static int fdlist_gc (lua_State *L) {
 ** any): the caller keeps its own, the decoded objects own theirs. */
 static FdList *dup_fds (lua_State *L, int arg) {
   size_t n = lua_istable(L, arg) ? lua_rawlen(L, arg) : 0, i;
-  FdList *l = (FdList *)lua_newuserdatauv(L, sizeof(FdList) + n * sizeof(int), 0);
+  FdList *l = (FdList *)lua_newuserdatauv(L, sizeof(FdList) + n * sizeof(int),
+                                          0);
   l->n = 0;
   if (luaL_newmetatable(L, FDLIST_T)) {
     lua_pushcfunction(L, fdlist_gc);
@@ -1264,10 +1281,11 @@ static FdList *dup_fds (lua_State *L, int arg) {
   for (i = 0; i < n; i++) {
     int fd;
     lua_rawgeti(L, arg, (lua_Integer)i + 1);
-    fd = fcntl((int)luaL_checkinteger(L, -1), F_DUPFD_CLOEXEC, 0);
+    luaL_argcheck(L, lua_isinteger(L, -1), arg, "descriptors must be integers");
+    fd = fcntl((int)lua_tointeger(L, -1), F_DUPFD_CLOEXEC, 0);
     lua_pop(L, 1);
     if (fd < 0)
-      fail(L, "core.decode: cannot duplicate a descriptor: %s", strerror(errno));
+      fail(L, "core.decode: cannot duplicate descriptor: %s", strerror(errno));
     l->fd[l->n++] = fd;
   }
   return l;

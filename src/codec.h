@@ -31,10 +31,11 @@ typedef struct mp_Encoded {
 /* Encodes the 'n' values at stack indices first..first+n-1 as one message
 ** (references shared between them stay shared) and pushes the box that owns
 ** the encoding (a userdata; the encoding stays valid while the box lives).
-** names[i] names value i in error messages ("args", "worker", "result");
-** 'to' ends them, e.g. "to a spawned process: pass it differently or use
-** start_method \"fork\"".  Raises a Lua error for anything that cannot be
-** sent, e.g.
+** names[i] names value i in error messages ("args", "worker", "result";
+** names == NULL: "value1", "value2", ...); 'to' ends them, e.g. "to a
+** spawned process: pass it differently or use start_method \"fork\"".
+** Nothing but the box is pushed.  Raises a Lua error for anything that
+** cannot be sent, e.g.
 **   cannot send upvalue 'sock' of function 'worker' (userdata) to a ...
 **   cannot send args[2].conn (userdata) to a ... */
 void mp_encode(lua_State *L, int first, int n, int flags,
@@ -50,7 +51,13 @@ int mp_decode(lua_State *L, const char *data, size_t size, int flags,
 /* --- extension: userdata types that know how to cross a process boundary.
 ** A type registers a mp_CodecType for its metatable name; the encoder calls
 ** 'encode' with the userdata at 'idx' and a writer, the decoder calls
-** 'decode' with a reader and must push exactly one value. */
+** 'decode' with a reader and must push exactly one value.
+** The registration is per lua_State and keeps the pointer: the type must
+** outlive the state (a static const).  The encoder only trusts a userdata
+** whose metatable is the registry's 'tname' (luaL_newmetatable).  'decode'
+** sees exactly the bytes and descriptors 'encode' wrote: reading past them
+** raises, leaving some unread is an error too.  Pointers from mp_read_bytes
+** are valid until mp_decode returns. */
 typedef struct mp_Writer mp_Writer;
 typedef struct mp_Reader mp_Reader;
 

@@ -1,0 +1,39 @@
+-- Writes the seed corpus of decode_fuzz: real encodings of every kind of
+-- value, each a file in fuzz/corpus/.  Run from the top of the tree with a
+-- built core:  LUA_CPATH='build/?.so' lua5.4 fuzz/make_corpus.lua
+local core = require "multiprocessing.core"
+
+local function u32(n) return string.pack("<I4", n) end
+
+-- a fuzz.Blob (the type decode_fuzz registers) that takes one descriptor;
+-- Lua cannot make one, so its frame is written by hand (T_USERDATA = 13)
+local blob = core.encode(false, 1):sub(1, 2) .. "\1"
+  .. "\13" .. "\9fuzz.Blob" .. u32(5) .. u32(1) .. "\1\3abc"
+
+local cycle = { name = "cycle" }
+cycle.self = cycle
+local shared = { 1, 2 }
+local deep = {}
+for _ = 1, 50 do deep = { deep } end
+
+local seeds = {
+  scalars = core.encode(false, nil, true, false, 0, -1, math.maxinteger,
+                        math.mininteger, 1.5, -0.0, 0/0, math.huge),
+  strings = core.encode(false, "", "hello", "\0\1\2\255"),
+  array = core.encode(false, { 1, 2, 3, nil, 5 }),
+  record = core.encode(false, { a = 1, b = { c = "d" }, ["a b"] = true }),
+  keys = core.encode(false, { [1.5] = 1, [true] = 2, [{}] = 3, [-7] = 4 }),
+  cycle = core.encode(false, cycle, { shared, shared }, shared),
+  modfuncs = core.encode(false, string.format, print, { f = table.concat }),
+  metatable = core.encode(false, setmetatable({ x = 1 }, string)),
+  globals = core.encode(false, _G, { env = _G }),
+  deep = core.encode(false, deep),
+  bytecode = core.encode(true, function(x) return x + shared[1] end),
+  blob = blob,
+}
+
+for name, bytes in pairs(seeds) do
+  local f = assert(io.open("fuzz/corpus/" .. name, "wb"))
+  f:write(bytes)
+  f:close()
+end

@@ -1,0 +1,512 @@
+-- The value codec: core.encode(opts, ...) -> bytes, core.decode(bytes, functions).
+local core = require "multiprocessing.core"
+
+local encode, decode = core.encode, core.decode
+
+local function rt(...) return decode(encode(false, ...)) end
+local function frt(...) return decode(encode(true, ...), true) end
+
+-- Builders of raw messages; the tags mirror the enum in src/codec.c.
+local T = { NIL = 0, FALSE = 1, TRUE = 2, INT = 3, FLOAT = 4, STRING = 5,
+            TABLE = 6, TABLEMT = 7, REF = 8, GLOBALS = 9, MODULE = 10,
+            MODFIELD = 11, FUNCTION = 12, USERDATA = 13, UPJOIN = 14 }
+local HEADER = "\xCD\1"
+
+local function varint(n)  -- n >= 0, or a float up to 2^64 for huge counts
+  local out = {}
+  while n >= 0x80 do
+    out[#out + 1] = string.char(math.tointeger(n % 0x80) | 0x80)
+    n = n // 0x80
+  end
+  out[#out + 1] = string.char(math.tointeger(n))
+  return table.concat(out)
+end
+
+local function msg(...)  -- a message of the given encoded values
+  return HEADER .. varint(select("#", ...)) .. table.concat({ ... })
+end
+
+local function tag(t) return string.char(t) end
+local function str(s) return tag(T.STRING) .. varint(#s) .. s end
+local function tbl(narr, nhash) return tag(T.TABLE) .. varint(narr) .. string.pack("<I4", nhash) end
+
+local function bits(x) return string.pack("<d", x) end
+
+local function decode_error(s, functions)
+  local ok, err = pcall(decode, s, functions)
+  assert.is_false(ok, "decoded bad input")
+  assert.is_string(err)
+  return err
+end
+
+local function encode_error(...)
+  local ok, err = pcall(encode, ...)
+  assert.is_false(ok, "encoded an unsendable value")
+  return err
+end
+
+local TO = 'to a spawned process: pass it differently or use start_method "fork"'
+local function send_error(names, ...)
+  return encode_error({ functions = true, names = names, to = TO }, ...)
+end
+
+describe("codec", function()
+  describe("round trips", function()
+    it("keeps nil, booleans and the number of values, trailing nils included", function()
+      assert.are.equal(4, select("#", rt(nil, true, false, nil)))
+      local a, b, c, d = rt(nil, true, false, nil)
+      assert.is_nil(a); assert.is_true(b); assert.is_false(c); assert.is_nil(d)
+      assert.are.equal(0, select("#", rt()))
+    end)
+
+    it("keeps integers and floats apart", function()
+      local values = { 0, 1, -1, 63, 64, -64, -65, 127, 128, 300, 2^53, 1.0, -0.5,
+                       math.maxinteger, math.mininteger, math.maxinteger - 1,
+                       (1 << 53) + 1, 3.14159, 1e308, 5e-324, math.huge, -math.huge }
+      local back = { rt(table.unpack(values)) }
+      for i, v in ipairs(values) do
+        assert.are.equal(math.type(v), math.type(back[i]), "value " .. i)
+        assert.are.equal(bits(v), bits(back[i]), "value " .. i)
+        if math.type(v) == "integer" then assert.are.equal(v, back[i]) end
+      end
+    end)
+
+    it("keeps NaN, its payload and sign, and -0.0 bit for bit", function()
+      local nan_payload = string.unpack("<d", "\1\2\3\0\0\0\xf8\x7f")
+      local neg_nan = string.unpack("<d", "\0\0\0\0\0\0\xf8\xff")
+      for _, x in ipairs({ 0/0, -(0/0), nan_payload, neg_nan, -0.0, 0.0 }) do
+        local y = rt(x)
+        assert.are.equal("float", math.type(y))
+        assert.are.equal(bits(x), bits(y))
+      end
+      assert.are.equal("-0.0", tostring(rt(-0.0)))
+    end)
+
+    it("keeps binary strings", function()
+      local all = {}
+      for i = 0, 255 do all[#all + 1] = string.char(i) end
+      all = table.concat(all)
+      for _, s in ipairs({ "", "a", "\0", all, all:rep(100), ("x"):rep(127), ("y"):rep(128) }) do
+        assert.are.equal(s, rt(s))
+      end
+    end)
+
+    it("moves a 64 MiB string quickly", function()
+      local big = ("0123456789abcdef"):rep(4 << 20)
+      local t0 = os.clock()
+      local s = encode(false, big)
+      local back = decode(s)
+      local elapsed = os.clock() - t0
+      assert.are.equal(#big + 2 + 1 + 1 + 4, #s)  -- header, count, tag, varint
+      assert.is_true(back == big)
+      assert.is_true(elapsed < 3, ("took %.2f s"):format(elapsed))
+    end)
+
+    it("keeps nested tables, holes, and keys of every type", function()
+      local key = {}
+      local t = { 1, "two", nil, 4.0, [10] = "ten", x = { y = { z = true } },
+                  [1.5] = "float", [true] = false, [key] = "table key",
+                  [-3] = "negative", [math.maxinteger] = "max" }
+      local b = rt(t)
+      assert.are.equal(1, b[1]); assert.are.equal("two", b[2]); assert.is_nil(b[3])
+      assert.are.equal("float", math.type(b[4]))
+      assert.are.equal("ten", b[10]); assert.is_true(b.x.y.z)
+      assert.are.equal("float", b[1.5]); assert.is_false(b[true])
+      assert.are.equal("negative", b[-3]); assert.are.equal("max", b[math.maxinteger])
+      local n = 0
+      for k, v in pairs(b) do
+        n = n + 1
+        if type(k) == "table" then assert.are.equal("table key", v); assert.are_not.equal(key, k) end
+      end
+      assert.are.equal(10, n)
+    end)
+
+    it("keeps cycles and shared references, across the values of one message", function()
+      local t = { name = "t" }
+      t.self = t
+      local shared = { 1 }
+      t.a, t.b = shared, shared
+      local child = { parent = t }
+      t.child = child
+      local b, s2, c2 = rt(t, shared, child)
+      assert.are.equal(b, b.self)
+      assert.are.equal(b.a, b.b)
+      assert.are.equal(b.a, s2)
+      assert.are.equal(b.child, c2)
+      assert.are.equal(b, c2.parent)
+      assert.are_not.equal(t, b)
+      -- separate messages do not share
+      assert.are_not.equal(rt(shared), rt(shared))
+    end)
+
+    it("keeps shared references in keys", function()
+      local k = {}
+      local b = rt({ [k] = k })
+      local key, value = next(b)
+      assert.are.equal(key, value)
+    end)
+
+    it("sends the globals table as the receiver's globals", function()
+      local g, t = rt(_G, { env = _G })
+      assert.are.equal(_G, g)
+      assert.are.equal(_G, t.env)
+    end)
+
+    it("accepts 1000 levels and refuses more, both ways, without a C stack overflow", function()
+      local ok_depth = {}
+      for _ = 2, 1000 do ok_depth = { ok_depth } end
+      assert.is_table(rt(ok_depth))
+
+      local deep = {}
+      for _ = 1, 1e6 do deep = { deep } end
+      local err = encode_error(false, deep)
+      assert.matches("nesting too deep", err, 1, true)
+
+      local crafted = msg(tbl(1, 0):rep(1e6))
+      assert.matches("nesting too deep", decode_error(crafted), 1, true)
+    end)
+  end)
+
+  describe("untrusted input", function()
+    local samples = {
+      encode(false, nil, true, 1, -1.5, "str", { 1, 2, x = { y = "z" } }),
+      encode(false, { a = { b = { c = string.format } } }, math.mininteger, ("x"):rep(300)),
+      (function() local t = {}; t[1] = t; t.k = { t }; return encode(false, t, t) end)(),
+    }
+
+    it("says 'truncated' for every prefix of real messages", function()
+      for _, s in ipairs(samples) do
+        for i = 0, #s - 1 do
+          local err = decode_error(s:sub(1, i))
+          if i < 2 then
+            assert.matches("not from this codec", err, 1, true)
+          else
+            assert.matches("truncated", err, 1, true)
+          end
+        end
+      end
+    end)
+
+    it("refuses trailing garbage", function()
+      for _, s in ipairs(samples) do
+        assert.matches("trailing garbage", decode_error(s .. "\0"), 1, true)
+      end
+    end)
+
+    it("refuses foreign bytes and other versions early", function()
+      assert.matches("not from this codec", decode_error(""), 1, true)
+      assert.matches("not from this codec", decode_error("\27Lua"), 1, true)
+      assert.matches("not from this codec", decode_error("return 1"), 1, true)
+      assert.matches("version 2", decode_error("\xCD\2\1\0"), 1, true)
+    end)
+
+    it("checks huge lengths and counts against the bytes left", function()
+      local huge = varint(2^63)
+      assert.matches("truncated", decode_error(HEADER .. "\1" .. tag(T.STRING) .. huge .. "abc"), 1, true)
+      assert.matches("truncated", decode_error(HEADER .. huge), 1, true)
+      assert.matches("truncated", decode_error(msg(tag(T.TABLE) .. huge .. "\0\0\0\0")), 1, true)
+      assert.matches("truncated", decode_error(msg(tag(T.TABLE) .. "\0" .. "\xff\xff\xff\xff")), 1, true)
+      assert.matches("truncated", decode_error(msg(tag(T.STRING) .. ("\xff"):rep(9) .. "\1")), 1, true)
+      assert.matches("bad varint", decode_error(msg(tag(T.INT) .. ("\xff"):rep(9) .. "\2")), 1, true)
+      assert.matches("bad varint", decode_error(msg(tag(T.INT) .. ("\xff"):rep(11))), 1, true)
+    end)
+
+    it("refuses bad tags, NaN and nil keys, bad references", function()
+      assert.matches("bad tag 99", decode_error(msg("\99")), 1, true)
+      assert.matches("bad tag 14", decode_error(msg(tag(T.UPJOIN) .. "\1\1")), 1, true)
+      local nan = tag(T.FLOAT) .. bits(0/0)
+      assert.matches("NaN key", decode_error(msg(tbl(0, 1) .. nan .. tag(T.TRUE))), 1, true)
+      assert.matches("nil key", decode_error(msg(tbl(0, 1) .. tag(T.NIL) .. tag(T.TRUE))), 1, true)
+      assert.matches("bad reference", decode_error(msg(tag(T.REF) .. "\1")), 1, true)
+      assert.matches("bad reference", decode_error(msg(tbl(1, 0) .. tag(T.REF) .. "\2")), 1, true)
+      assert.matches("bad reference", decode_error(msg(tag(T.REF) .. "\0")), 1, true)
+      assert.matches("unknown userdata type 'nope'",
+                     decode_error(msg(tag(T.USERDATA) .. varint(4) .. "nope" .. ("\0"):rep(8))), 1, true)
+    end)
+
+    it("says where the problem is", function()
+      -- header 2, count 1, table tag 1, narray 1, nhash 4: the item is byte 9
+      assert.are.equal("bad message at byte 9: bad tag 99", decode_error(msg(tbl(1, 0) .. "\99")))
+    end)
+
+    it("refuses function bytecode on a data channel", function()
+      local s = encode(true, function() return 1 end)
+      assert.matches("function bytecode is not accepted on this channel", decode_error(s), 1, true)
+      assert.are.equal(1, decode(s, true)())
+    end)
+
+    it("refuses a metatable that is not a module reference on a data channel", function()
+      local s = encode(true, setmetatable({}, { __index = { x = 1 } }))
+      assert.matches("metatable is not a module reference", decode_error(s), 1, true)
+      assert.are.equal(1, decode(s, true).x)
+    end)
+
+    it("refuses module fields that are not functions", function()
+      local s = msg(tag(T.MODFIELD) .. varint(6) .. "string" .. varint(3) .. "nop")
+      assert.matches("module has no function 'nop'", decode_error(s), 1, true)
+      local s2 = msg(tag(T.MODFIELD) .. varint(4) .. "math" .. varint(2) .. "pi")
+      assert.matches("module has no function 'pi'", decode_error(s2), 1, true)
+      assert.matches("module 'codec_spec_nowhere' not found",
+                     decode_error(msg(tag(T.MODULE) .. str("codec_spec_nowhere"):sub(2))), 1, true)
+    end)
+
+    it("survives random garbage and mutated messages", function()
+      math.randomseed(20240607)
+      local function random_bytes(n)
+        local t = {}
+        for i = 1, n do t[i] = string.char(math.random(0, 255)) end
+        return table.concat(t)
+      end
+      for i = 1, 3000 do
+        local s = random_bytes(math.random(0, 64))
+        if i % 2 == 0 then s = HEADER .. s end
+        local ok, err = pcall(decode, s)
+        if not ok then assert.is_string(err) end
+      end
+      for _ = 1, 3000 do
+        local s = samples[math.random(#samples)]
+        local i = math.random(3, #s)
+        s = s:sub(1, i - 1) .. string.char(math.random(0, 255)) .. s:sub(i + 1)
+        local ok, err = pcall(decode, s)
+        if not ok then assert.is_string(err) end
+      end
+      collectgarbage()
+    end)
+  end)
+
+  describe("functions", function()
+    local modname = "codec_spec_mod"
+    local mod
+
+    setup(function()
+      package.preload[modname] = function()
+        local M = { calls = 0 }
+        function M.work(x) M.calls = M.calls + 1; return x * 2 end
+        M.__index = M
+        function M.new(v) return setmetatable({ v = v }, M) end
+        function M:get() return self.v end
+        return M
+      end
+      mod = require(modname)
+    end)
+
+    teardown(function()
+      package.loaded[modname] = nil
+      package.preload[modname] = nil
+    end)
+
+    it("sends module fields by reference on a data channel", function()
+      local s = encode(false, string.format, mod.work, print)
+      assert.is_nil(s:find("\27Lua", 1, true))
+      assert.truthy(s:find(modname, 1, true))
+      local f, w, p = decode(s)
+      assert.are.equal(string.format, f)
+      assert.are.equal(mod.work, w)
+      assert.are.equal(print, p)
+    end)
+
+    it("requires the module on the receiving side", function()
+      local s = encode(false, mod.work)
+      package.loaded[modname] = nil
+      local w = decode(s)
+      assert.are.equal(package.loaded[modname].work, w)
+      assert.are_not.equal(mod.work, w)
+      assert.are.equal(6, w(3))
+      package.loaded[modname] = mod
+    end)
+
+    it("refuses other functions on a data channel", function()
+      local function f() end
+      assert.are.equal("cannot send value1 (function) to another process", encode_error(false, f))
+      assert.are.equal("cannot send value2.cb (function) to a queue",
+                       encode_error({ names = nil, to = "to a queue" }, 1, { cb = f }))
+    end)
+
+    it("sends an object of a module class on a data channel", function()
+      local p = mod.new(42)
+      local b = rt({ p, p })
+      assert.are.equal(mod, getmetatable(b[1]))
+      assert.are.equal(b[1], b[2])
+      assert.are.equal(42, b[1]:get())
+    end)
+
+    it("refuses other metatables on a data channel", function()
+      local err = encode_error({ names = { "args" }, to = "to a queue" }, { p = setmetatable({}, {}) })
+      assert.are.equal("cannot send getmetatable(args.p) (a metatable that is not a module) to a queue", err)
+    end)
+
+    it("sends closures with their upvalues", function()
+      local n, label = 10, "count"
+      local function counter(k) n = n + k; return label, n end
+      local c = frt(counter)
+      assert.are_not.equal(counter, c)
+      assert.are.same({ "count", 15 }, { c(5) })
+      assert.are.same({ "count", 16 }, { c(1) })
+      assert.are.equal(10, n)  -- the copy has its own upvalues
+    end)
+
+    it("sets every upvalue, not only the first one load sets to the globals", function()
+      -- a chunk of its own, so that _ENV is the globals (busted gives each
+      -- spec file an environment of its own)
+      local f = load("local first = ... return function() return first, string.rep('x', 2), _ENV end")("first")
+      assert.are.equal("_ENV", debug.getupvalue(f, 2))
+      local g = frt(f)
+      assert.are_not.equal(f, g)
+      assert.are.same({ "first", "xx", _G }, { g() })
+    end)
+
+    it("keeps upvalues shared between functions", function()
+      local n = 0
+      local function inc() n = n + 1 end
+      local function get() return n end
+      local t = frt({ inc = inc, get = get })
+      t.inc(); t.inc()
+      assert.are.equal(2, t.get())
+      assert.are.equal(0, n)
+      assert.are.equal(debug.upvalueid(t.inc, 1), debug.upvalueid(t.get, 1))
+    end)
+
+    it("keeps upvalues shared when the functions are separate values", function()
+      local n = 0
+      local function inc() n = n + 1 end
+      local function get() return n end
+      local i2, g2 = frt(inc, get)
+      i2()
+      assert.are.equal(1, g2())
+    end)
+
+    it("sends recursive and mutually recursive local functions", function()
+      local function fact(n) if n <= 1 then return 1 end return n * fact(n - 1) end
+      local is_even, is_odd
+      function is_even(n) if n == 0 then return true end return is_odd(n - 1) end
+      function is_odd(n) if n == 0 then return false end return is_even(n - 1) end
+      local f, e = frt(fact, is_even)
+      assert.are.equal(3628800, f(10))
+      assert.is_true(e(10))
+      assert.is_false(e(7))
+      assert.are.equal(f, select(2, debug.getupvalue(f, 1)))
+    end)
+
+    it("decodes a function reached twice as one function", function()
+      local function f() return 1 end
+      local t, g = frt({ f, f, { f } }, f)
+      assert.are.equal(t[1], t[2])
+      assert.are.equal(t[1], t[3][1])
+      assert.are.equal(t[1], g)
+    end)
+
+    it("sends module tables and module functions by reference", function()
+      local m, fmt = mod, string.format
+      local function worker(x) return m.work(x), fmt("%d", x), m end
+      local s = encode(true, worker, { lib = mod, str = string, env = package.loaded._G })
+      local w, t = decode(s, true)
+      local doubled, formatted, mm = w(21)
+      assert.are.equal(42, doubled)
+      assert.are.equal("21", formatted)
+      assert.are.equal(mod, mm)
+      assert.are.equal(mod, t.lib)
+      assert.are.equal(string, t.str)
+      assert.are.equal(_G, t.env)
+      local mw = frt(mod.work)
+      assert.are.equal(mod.work, mw)
+    end)
+
+    it("sends a Lua function that is a global as bytecode", function()
+      local global = function() return "global" end
+      rawset(_G, "codec_spec_global", global)
+      local g = frt(global)
+      assert.are_not.equal(global, g)
+      assert.are.equal("global", g())
+      assert.are.equal("cannot send value1 (function) to another process", encode_error(false, global))
+      rawset(_G, "codec_spec_global", nil)
+    end)
+
+    it("keeps debug information: tracebacks name this file and line", function()
+      local function boom() error("boom") end
+      local line = debug.getinfo(boom, "S").linedefined
+      local b = frt(boom)
+      assert.are.equal(debug.getinfo(boom, "S").source, debug.getinfo(b, "S").source)
+      local _, err = pcall(b)
+      assert.matches("codec_spec.lua:" .. line .. ": boom", err, 1, true)
+    end)
+
+    it("names what cannot cross, and how it was reached", function()
+      local sock = io.stdout
+      local function worker() return sock end
+      assert.are.equal("cannot send upvalue 'sock' of function 'worker' (userdata) " .. TO,
+                       send_error({ "worker" }, worker))
+      assert.are.equal("cannot send args[2].conn (userdata) " .. TO,
+                       send_error({ "worker", "args" }, function() end, { 1, { conn = sock } }))
+      assert.are.equal('cannot send args["a b"][true][1.5][table] (userdata) ' .. TO,
+                       send_error({ "args" }, { ["a b"] = { [true] = { [1.5] = { [{}] = sock } } } }))
+      assert.are.equal('cannot send args["end"] (userdata) ' .. TO, send_error({ "args" }, { ["end"] = sock }))
+      local f = function() return sock end
+      local function helper() return f end
+      local function w() return helper() end
+      assert.are.equal("cannot send upvalue 'sock' of upvalue 'f' of upvalue 'helper' of function 'worker' (userdata) " .. TO,
+                       send_error({ "worker" }, w))
+      local cfg = { conn = sock }
+      local function w2() return cfg end
+      assert.are.equal("cannot send upvalue 'cfg.conn' of function 'worker' (userdata) " .. TO,
+                       send_error({ "worker" }, w2))
+      assert.are.equal("cannot send upvalue 'sock' of function 'args.cb' (userdata) " .. TO,
+                       send_error({ "args" }, { cb = worker }))
+      assert.are.equal("cannot send a key of args (userdata) " .. TO, send_error({ "args" }, { [sock] = 1 }))
+      assert.are.equal("cannot send x in a key of args (userdata) " .. TO,
+                       send_error({ "args" }, { [{ x = sock }] = 1 }))
+      assert.are.equal("cannot send getmetatable(args).__index (userdata) " .. TO,
+                       send_error({ "args" }, setmetatable({}, { __index = sock })))
+    end)
+
+    it("refuses coroutines, C functions that are no module field, and light values", function()
+      assert.are.equal("cannot send args.co (thread) " .. TO,
+                       send_error({ "args" }, { co = coroutine.create(print) }))
+      assert.are.equal("cannot send worker (function) " .. TO, send_error({ "worker" }, coroutine.wrap(print)))
+      assert.are.equal("cannot send value2 (userdata) to another process", encode_error(true, 1, io.stderr))
+    end)
+
+    it("refuses deep chains of closures", function()
+      local f = function() end
+      for _ = 1, 2000 do local g = f; f = function() return g end end
+      assert.matches("cannot send value1: nesting too deep", encode_error(true, f), 1, true)
+    end)
+  end)
+
+  describe("userdata types", function()
+    local T_ = core._codectest  -- only in the test loader that registers a type
+    local it_ = T_ and it or pending
+
+    it_("sends a registered type through its codec, once per object", function()
+      local b = T_.blob("payload\0bytes")
+      local s = encode(false, { b, b })
+      local t = decode(s)
+      assert.are.equal(t[1], t[2])
+      assert.are_not.equal(b, t[1])
+      assert.are.equal("payload\0bytes", (T_.blobinfo(t[1])))
+    end)
+
+    it_("passes descriptors beside the bytes, in order, each owned once", function()
+      local path = os.tmpname()
+      local b1, b2 = T_.blob("one", path), T_.blob("two", "/dev/null")
+      local s, fd1, fd2 = encode(false, b1, 5, b2)
+      assert.are.equal(select(2, T_.blobinfo(b1)), fd1)
+      assert.are.equal(select(2, T_.blobinfo(b2)), fd2)
+      local d1, five, d2 = decode(s, false, { fd1, fd2 })
+      assert.are.equal(5, five)
+      local data1, nfd1, target1 = T_.blobinfo(d1)
+      local data2, nfd2, target2 = T_.blobinfo(d2)
+      assert.are.equal("one", data1); assert.are.equal("two", data2)
+      assert.are_not.equal(fd1, nfd1)
+      assert.are.equal(select(3, T_.blobinfo(b1)), target1)
+      assert.are.equal("/dev/null", target2)
+      assert.are_not.equal(nfd1, nfd2)
+      assert.matches("needs 1 descriptors, 0 came", decode_error(s), 1, true)
+      assert.matches("needs 1 descriptors, 0 came", select(2, pcall(decode, s, false, { fd1 })), 1, true)
+      os.remove(path)
+    end)
+
+    it_("refuses a userdata that only copies a registered __name", function()
+      assert.are.equal("cannot send value1 (userdata) to another process", encode_error(false, T_.fakeblob()))
+    end)
+  end)
+end)
