@@ -40,12 +40,16 @@ endif
 
 CORE_SRC = src/core.c src/context.c src/join.c src/exception.c src/reports.c \
            src/worker.c src/start_fork.c src/start_spawn.c src/signames.c \
-           src/codec.c
+           src/codec.c \
+           src/payload.c src/launch.c src/executable.c src/forkserver.c
 CORE_OBJ = $(CORE_SRC:src/%.c=$(BUILD)/obj/%.o)
 CORE_SO  = $(BUILD)/multiprocessing/core.so
+# The worker program for embedding hosts (worker_main.c), found next to
+# core.so at run time.
+WORKER   = $(BUILD)/multiprocessing/worker
 
 .PHONY: all test check check-asan fuzz bench example install uninstall clean
-all: $(CORE_SO)
+all: $(CORE_SO) $(WORKER)
 
 $(BUILD)/obj/%.o: src/%.c src/*.h
 	@mkdir -p $(@D)
@@ -55,6 +59,11 @@ $(BUILD)/obj/%.o: src/%.c src/*.h
 $(CORE_SO): $(CORE_OBJ)
 	@mkdir -p $(@D)
 	$(CC) -shared $(LDSAN) $(LDFLAGS) -o $@ $(CORE_OBJ)
+
+# A program, not a module: it links liblua itself.
+$(WORKER): $(BUILD)/obj/worker_main.o
+	@mkdir -p $(@D)
+	$(CC) $(LDSAN) $(LDFLAGS) -o $@ $< $(LUA_LIBS)
 
 BUSTED_RUN = $(BUSTED) --lua=$(LUA) -o spec/summary_handler.lua $(SPECS)
 
@@ -88,6 +97,7 @@ bench: all
 install: all
 	install -d $(DESTDIR)$(INSTALL_CMOD)/multiprocessing $(DESTDIR)$(INSTALL_LMOD)/multiprocessing
 	install -m 0755 $(CORE_SO) $(DESTDIR)$(INSTALL_CMOD)/multiprocessing/core.so
+	install -m 0755 $(WORKER) $(DESTDIR)$(INSTALL_CMOD)/multiprocessing/worker
 	install -m 0644 lua/multiprocessing/*.lua $(DESTDIR)$(INSTALL_LMOD)/multiprocessing/
 
 uninstall:

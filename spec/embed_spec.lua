@@ -35,7 +35,8 @@ for _, method in ipairs(H.methods) do
     it("still reports the exit code the host's handler would steal", function()
       local out = run_host(([[
         mp = require "multiprocessing"
-        ctx = mp.start_processes(function(i) if i == 1 then os.exit(40 + STATE) end end, {}, 2, false, false, %q)
+        local state = STATE
+        ctx = mp.start_processes(function(i) if i == 1 then os.exit(40 + state) end end, {}, 2, false, false, %q)
       ]]):format(method), [[
         local ok, e = pcall(ctx.join, ctx)
         print(ok, e)

@@ -17,13 +17,25 @@ function H.pid()
   return tonumber(read("/proc/self/stat"):match("^(%d+)"))
 end
 
---- Pids of our direct children (zombies included); busted runs on one
--- thread, whose id is the pid.
+--- The forkserver of start method "forkserver" is started on first use and
+-- lives as long as the Lua state: its process and its two fds (the socket
+-- and its pidfd) are not leaks, so children() and fds() leave them out.
+-- Returns {pid=, fds={...}} while it runs, else nil.
+function H.forkserver()
+  local ok, core = pcall(require, "multiprocessing.core")
+  return ok and core._forkserver_info and core._forkserver_info() or nil
+end
+
+--- Pids of our direct children (zombies included), the forkserver left out;
+-- busted runs on one thread, whose id is the pid.
 function H.children()
   local pid = H.pid()
+  local server = H.forkserver()
   local out = {}
   for child in read(("/proc/%d/task/%d/children"):format(pid, pid)):gmatch("%d+") do
-    out[#out + 1] = tonumber(child)
+    if not (server and tonumber(child) == server.pid) then
+      out[#out + 1] = tonumber(child)
+    end
   end
   return out
 end
@@ -48,11 +60,14 @@ local function lines(cmd)
   return out
 end
 
---- Our open fds (the listing's own pipe included, in every snapshot alike).
+--- Our open fds (the listing's own pipe included, in every snapshot alike;
+-- the forkserver's left out).
 function H.fds()
+  local skip = {}
+  for _, fd in ipairs((H.forkserver() or { fds = {} }).fds) do skip[fd] = true end
   local out = {}
   for _, fd in ipairs(lines("ls /proc/" .. H.pid() .. "/fd")) do
-    out[#out + 1] = tonumber(fd)
+    if not skip[tonumber(fd)] then out[#out + 1] = tonumber(fd) end
   end
   table.sort(out)
   return out
@@ -120,6 +135,6 @@ function H.sh(cmd)
 end
 
 --- The start methods every process spec runs under.
-H.methods = { "fork" }  -- TEMP
+H.methods = { "fork", "spawn", "forkserver" }
 
 return H

@@ -28,5 +28,6 @@ int luaopen_multiprocessing_core(lua_State *L) {
   mp_open_codec(L);
   mp_open_exception(L);
   mp_open_context(L);
+  mp_open_spawn(L);
   return 1;
 }

@@ -129,4 +129,43 @@ void mp_open_signames(lua_State *L);
 double mp_now(void);                     /* CLOCK_MONOTONIC seconds */
 int    mp_push_errno(lua_State *L, const char *what, int err); /* pushes msg */
 
+/* --- fresh interpreters: "spawn" and "forkserver" ---------------------- */
+
+/* launch.c: starts 'exe' with 'argv' (NULL-terminated) in its own process
+** group, with fds[i] as descriptor 3 + i, exit signal 0 and a pidfd made
+** with it.  0, or an errno with a message pushed. */
+#define MP_LAUNCH_MAXFDS 256
+int  mp_launch(lua_State *L, const char *exe, char *const argv[],
+               const int *fds, int nfds, pid_t *pid, int *pidfd);
+
+/* executable.c: the program that runs fresh workers (set_executable, or
+** the running stock interpreter, or the worker next to core.so); pushes
+** it.  mp_push_bootstrap pushes the -e chunk that loads the core in it
+** and calls core.<call>. */
+const char *mp_push_executable(lua_State *L);
+void mp_push_bootstrap(lua_State *L, const char *call);
+void mp_open_executable(lua_State *L);
+
+/* payload.c: what a fresh worker needs (fn, args, the environment), encoded
+** once per context into a sealed memfd.  mp_payload_push pushes its holder
+** (a userdata owning 'fd' and keeping the codec's 'fds' alive); when fn or
+** args cannot be sent it closes the context and raises the codec's error. */
+typedef struct mp_Payload {
+  int fd;
+  const int *fds;
+  size_t nfds;
+} mp_Payload;
+mp_Payload *mp_payload_push(lua_State *L, mp_Context *ctx, int fn, int args);
+void mp_payload_close(mp_Payload *p);
+/* In the worker: applies the environment of the payload at 'fd' and pushes
+** fn and args; 'fds' are the codec's descriptors (a decoded object takes
+** its own, the others are closed).  A failure becomes a function that
+** raises it, so that it reaches the parent as the worker's error. */
+void mp_payload_load(lua_State *L, int fd, int *fds, size_t nfds);
+
+/* forkserver.c */
+void mp_open_forkserver(lua_State *L);
+/* start_spawn.c: set_executable, get_executable, the workers' entry points */
+void mp_open_spawn(lua_State *L);
+
 #endif

@@ -1,14 +1,97 @@
 /*
-** start_spawn.c -- the "spawn" and "forkserver" start methods (to come).
+** start_spawn.c -- the "spawn" start method: each worker is a fresh
+** interpreter (see executable.c) that loads the core and nothing else, maps
+** the context's payload (payload.c) and runs fn.  Safe in a threaded host:
+** the parent only clone+execs (launch.c).
+**
+** A worker's descriptors: 3 the payload, 4 the reports, 5... the codec's
+** (shared memory the args carry).  Its command line:
+**   <exe> -e '<load the core>._spawn_main(3, 4, rank, parent pid, nfds)'
 */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
 #include "mp.h"
 
-static int unavailable(lua_State *L, mp_Context *ctx, int fn, int args) {
-  (void)fn; (void)args;
-  lua_pushfstring(L, "start method \"%s\" is not implemented yet; use \"fork\"",
-                  ctx->method->name);
-  return -1;
+#define FD_PAYLOAD 3
+#define FD_REPORTS 4
+#define FD_CODEC   5
+
+static int spawn_start(lua_State *L, mp_Context *ctx, int fn, int args) {
+  mp_Payload *p = mp_payload_push(L, ctx, fn, args);
+  int payload = lua_gettop(L), exe, nfds = 2 + (int)p->nfds, i, err = 0;
+  pid_t parent = getpid();
+  int *fds;
+  mp_push_executable(L);
+  exe = lua_gettop(L);
+  fds = lua_newuserdatauv(L, sizeof(int) * (size_t)nfds, 0);
+  fds[0] = p->fd;
+  fds[1] = ctx->reports.fd;
+  for (i = 2; i < nfds; i++) fds[i] = p->fds[i - 2];
+  /* Our buffered output goes first, as it would have without workers. */
+  fflush(NULL);
+  for (i = 0; i < ctx->nprocs && err == 0; i++) {
+    mp_Worker *w = &ctx->workers[i];
+    char *argv[4];
+    char call[96];
+    snprintf(call, sizeof call, "_spawn_main(%d,%d,%d,%ld,%d)", FD_PAYLOAD,
+             FD_REPORTS, i, (long)parent, (int)p->nfds);
+    mp_push_bootstrap(L, call);
+    argv[0] = (char *)(size_t)lua_tostring(L, exe);
+    argv[1] = (char *)(size_t)"-e";
+    argv[2] = (char *)(size_t)lua_tostring(L, -1);
+    argv[3] = NULL;
+    err = mp_launch(L, argv[0], argv, fds, nfds, &w->pid, &w->pidfd);
+    if (err == 0) {
+      ctx->started = i + 1;
+      lua_pop(L, 1);
+    }
+  }
+  mp_payload_close(p);
+  if (err != 0) {
+    lua_replace(L, payload);
+    lua_settop(L, payload);
+  }
+  return err;
 }
 
-const mp_StartMethod mp_start_spawn = {"spawn", unavailable};
-const mp_StartMethod mp_start_forkserver = {"forkserver", unavailable};
+const mp_StartMethod mp_start_spawn = {"spawn", spawn_start};
+
+/* Sets close-on-exec on what we inherited, so that the worker's own
+** children (os.execute) do not. */
+static void keep_private(int fd) {
+  int flags = fcntl(fd, F_GETFD);
+  if (flags >= 0) fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+}
+
+/* _spawn_main(payload_fd, reports_fd, rank, parent_pid, nfds): in the
+** fresh interpreter; never returns. */
+static int l_spawn_main(lua_State *L) {
+  int payload = (int)luaL_checkinteger(L, 1);
+  int reports = (int)luaL_checkinteger(L, 2);
+  int rank = (int)luaL_checkinteger(L, 3);
+  pid_t parent = (pid_t)luaL_checkinteger(L, 4);
+  int nfds = (int)luaL_checkinteger(L, 5), i;
+  int *fds;
+  mp_worker_detach(parent);
+  luaL_argcheck(L, nfds >= 0 && nfds <= MP_LAUNCH_MAXFDS, 5, "bad count");
+  fds = lua_newuserdatauv(L, sizeof(int) * (size_t)(nfds + 1), 0);
+  keep_private(payload);
+  keep_private(reports);
+  for (i = 0; i < nfds; i++) {
+    fds[i] = FD_CODEC + i;
+    keep_private(fds[i]);
+  }
+  mp_payload_load(L, payload, fds, (size_t)nfds);
+  close(payload);
+  mp_worker_run(L, lua_gettop(L) - 1, lua_gettop(L), rank, reports);
+}
+
+void mp_open_spawn(lua_State *L) {
+  mp_open_executable(L);
+  mp_open_forkserver(L);
+  lua_pushcfunction(L, l_spawn_main);
+  lua_setfield(L, -2, "_spawn_main");
+}

@@ -181,11 +181,12 @@ static int push_args(lua_State *L, lua_State *co, int args) {
 }
 
 void mp_worker_run(lua_State *L, int fn, int args, int rank, int reportfd) {
-  /* A fresh thread: the traceback shows the worker's frames only. */
-  lua_State *co = lua_newthread(L);
+  lua_State *co;
   int nargs, status, code = 0;
   fn = lua_absindex(L, fn);
   args = lua_absindex(L, args);
+  /* A fresh thread: the traceback shows the worker's frames only. */
+  co = lua_newthread(L);
   lua_pushcfunction(co, make_report);
   lua_pushvalue(L, fn);
   lua_xmove(L, co, 1);

@@ -1,0 +1,375 @@
+-- Fresh-interpreter start methods, "spawn" and "forkserver": what crosses to
+-- a worker (closures, upvalues, module functions, args), what is refused, the
+-- environment a worker gets, the executable, and the forkserver's life.
+local mp = require "multiprocessing"
+local core = require "multiprocessing.core"
+local H = require "helpers"
+
+local LUA = "lua5.4"
+local BUILD = os.getenv("LUA_MP_BUILD") or "build"
+local HERE = "package.path = " .. ("%q"):format(package.path) ..
+             "; package.cpath = " .. ("%q"):format(package.cpath) .. "; "
+
+local function now()
+  local f = io.popen("date +%s.%N")
+  local t = tonumber(f:read("a"))
+  f:close()
+  return t
+end
+
+local function write_file(path, text)
+  local f = assert(io.open(path, "w"))
+  f:write(text)
+  f:close()
+end
+
+local function run_script(body)
+  local script = os.tmpname()
+  write_file(script, HERE .. body)
+  return script
+end
+
+-- A module directory on package.path for the whole file.
+local MODDIR = os.tmpname()
+os.remove(MODDIR)
+os.execute("mkdir -p " .. MODDIR)
+write_file(MODDIR .. "/spawnspec_mod.lua", [[
+local M = { state = "initialised by require" }
+function M.work(i, x) return ("mod %d %s %s"):format(i, tostring(x), M.state) end
+return M
+]])
+package.path = MODDIR .. "/?.lua;" .. package.path
+HERE = "package.path = " .. ("%q"):format(package.path) ..
+       "; package.cpath = " .. ("%q"):format(package.cpath) .. "; "
+local mymod = require "spawnspec_mod"
+mymod.state = "changed in the parent"
+
+teardown(function()
+  os.remove(MODDIR .. "/spawnspec_mod.lua")
+  os.remove(MODDIR)
+end)
+
+for _, method in ipairs({ "spawn", "forkserver" }) do
+  describe("start method " .. method .. ":", function()
+    local before
+    before_each(function() before = H.snapshot() end)
+    after_each(function() H.check(before) end)
+
+    local function start(fn, args, n, join)
+      return mp.start_processes(fn, args, n, join, false, method)
+    end
+
+    it("sends a closure with upvalues of every sendable kind", function()
+      local n, s, yes, no = 42, "text\0bin", true, false
+      local t = { nested = { deep = { 1, 2.5, "three" } } }
+      local function helper(x) return x * 2 end
+      local results = start(function(i)
+        return { i, n, s, yes, no, t.nested.deep, helper(21), math.type(t.nested.deep[2]) }
+      end, {}, 2)
+      assert.are.same({ 0, 42, "text\0bin", true, false, { 1, 2.5, "three" }, 42, "float" },
+                      results[1])
+      assert.are.equal(1, results[2][1])
+      assert.are.equal(2, results.n)
+    end)
+
+    it("keeps shared upvalues shared", function()
+      local counter = 0
+      local function inc() counter = counter + 1 end
+      local function get() return counter end
+      local results = start(function() inc(); inc(); inc(); return get() end, {}, 1)
+      assert.are.equal(3, results[1])
+      assert.are.equal(0, counter)
+    end)
+
+    it("keeps cycles and shared references in args", function()
+      local a = { name = "a" }
+      a.self = a
+      local b = { a, a, back = a }
+      local results = start(function(_, x, y)
+        return x.self == x and y[1] == x and y[2] == x and y.back == x and x.name
+      end, { a, b }, 1)
+      assert.are.equal("a", results[1])
+    end)
+
+    it("sends a module's function by reference: the worker requires it", function()
+      local results = start(mymod.work, { "arg" }, 2)
+      assert.are.equal("mod 0 arg initialised by require", results[1])
+      assert.are.equal("mod 1 arg initialised by require", results[2])
+    end)
+
+    it("sends a module table upvalue by reference", function()
+      local results = start(function() return mymod.state end, {}, 1)
+      assert.are.equal("initialised by require", results[1])
+    end)
+
+    it("passes the same rank and args as fork", function()
+      local results = start(function(i, a, b) return { i, a, b } end, { "x", 42 }, 3)
+      assert.are.same({ { 0, "x", 42 }, { 1, "x", 42 }, { 2, "x", 42 }, n = 3 }, results)
+    end)
+
+    it("rejects an unsendable upvalue before any worker starts", function()
+      local sock = io.stdout
+      local function worker() return sock end
+      local ok, err = pcall(start, worker, {}, 2)
+      assert.is_false(ok)
+      assert.are.equal("cannot send upvalue 'sock' of function 'worker' (userdata) " ..
+                       "to a spawned process: pass it differently or use start_method \"fork\"",
+                       err)
+      assert.are.same({}, H.children())
+    end)
+
+    it("rejects unsendable args, threads and C functions with their path", function()
+      local ok, err = pcall(start, function() end, { { conn = io.stdin } }, 1)
+      assert.is_false(ok)
+      assert.truthy(err:find("cannot send args[1].conn (userdata)", 1, true), err)
+      local co = coroutine.create(function() end)
+      ok, err = pcall(start, function() return co end, {}, 1)
+      assert.is_false(ok)
+      assert.truthy(err:find("upvalue 'co' of function '.-' %(thread%)"), err)
+      local cf = core.encode
+      ok, err = pcall(start, function() return cf end, {}, 1)
+      assert.is_true(ok)  -- a module's C function goes by reference
+      ok, err = pcall(start, function() return debug.upvalueid end, { string.gmatch("", "") }, 1)
+      assert.is_false(ok)
+      assert.truthy(err:find("cannot send args[1] (function)", 1, true), err)
+      assert.are.same({}, H.children())
+    end)
+
+    it("does not copy globals, and says so in the exception", function()
+      rawset(_G, "spawnspec_global", function() return 1 end)
+      local ok, e = pcall(start, function() return spawnspec_global() end, {}, 1)
+      rawset(_G, "spawnspec_global", nil)
+      assert.is_false(ok)
+      assert.is_true(mp.isinstance(e, mp.ProcessRaisedException))
+      assert.truthy(e.msg:find("attempt to call a nil value (global 'spawnspec_global')", 1, true), e.msg)
+      assert.truthy(e.msg:find("(hint: the parent has a global 'spawnspec_global'", 1, true), e.msg)
+    end)
+
+    it("gives the worker package.path, package.cpath, cwd, environment, arg", function()
+      local results = start(function()
+        local p = io.popen("pwd")
+        local cwd = p:read("l")
+        p:close()
+        return { package.path, package.cpath, cwd, os.getenv("HOME"), os.getenv("PATH"), arg }
+      end, {}, 1)
+      local p = io.popen("pwd")
+      local cwd = p:read("l")
+      p:close()
+      local r = results[1]
+      assert.are.equal(package.path, r[1])
+      assert.are.equal(package.cpath, r[2])
+      assert.are.equal(cwd, r[3])
+      assert.are.equal(os.getenv("HOME"), r[4])
+      assert.are.equal(os.getenv("PATH"), r[5])
+      assert.are.same(arg[0], r[6][0])
+      assert.are.same(arg[1], r[6][1])
+    end)
+
+    it("returns results and decodes structured errors", function()
+      local results = start(function(i) return { rank = i, list = { i, i * 2 } } end, {}, 2)
+      assert.are.same({ { rank = 0, list = { 0, 0 } }, { rank = 1, list = { 1, 2 } }, n = 2 },
+                      results)
+      local ok, e = pcall(start, function() error({ code = 42, reason = "disk full" }) end, {}, 1)
+      assert.is_false(ok)
+      assert.is_true(mp.isinstance(e, mp.ProcessRaisedException))
+      assert.are.same({ code = 42, reason = "disk full" }, e.value)
+    end)
+
+    it("shows the user's file and line in a worker's traceback", function()
+      local ok, e = pcall(start, function() error("located") end, {}, 1)
+      assert.is_false(ok)
+      assert.truthy(e.msg:find("spawn_spec.lua:%d+: located$"), e.msg)
+    end)
+
+    it("turns a module the worker cannot require into that worker's error", function()
+      package.loaded.spawnspec_ghost = { value = 1 }
+      local ghost = package.loaded.spawnspec_ghost
+      local ok, e = pcall(start, function() return ghost.value end, {}, 2)
+      package.loaded.spawnspec_ghost = nil
+      assert.is_false(ok)
+      assert.is_true(mp.isinstance(e, mp.ProcessRaisedException))
+      assert.truthy(e.msg:find("module 'spawnspec_ghost' not found", 1, true), e.msg)
+    end)
+
+    it("encodes big args once, not once per worker", function()
+      local big = string.rep("x", 64 * 1024 * 1024)
+      local function fn(_, b) return #b end
+      local t0 = now()
+      local ctx1 = start(fn, { big }, 1, false)
+      local one = now() - t0
+      assert.is_true(ctx1:join())
+      ctx1 = nil
+      collectgarbage()
+      t0 = now()
+      local ctx4 = start(fn, { big }, 4, false)
+      local four = now() - t0
+      assert.is_true(ctx4:join())
+      assert.are.same({ #big, #big, #big, #big, n = 4 }, ctx4:results())
+      -- encoding once: four workers cost about one encoding, not four
+      assert.is_true(four < 2 * one + 0.25, ("1 worker %.3f s, 4 workers %.3f s"):format(one, four))
+      ctx4 = nil
+      big = nil
+      collectgarbage()
+    end)
+
+    it("runs a function defined at the lua5.4 -i prompt", function()
+      local input = os.tmpname()
+      write_file(input, HERE .. "\n" ..
+        "mp = require 'multiprocessing'\n" ..
+        "k = 7\n" ..
+        "local_up = 3\n" ..
+        "function f(i, a) return a * 10 + i end\n" ..
+        ("r = mp.start_processes(f, { 4 }, 2, true, false, %q)\n"):format(method) ..
+        "print('results', r[1], r[2], r.n)\n" ..
+        "function g() return h() end\n" ..
+        "function h() end\n" ..
+        ("ok, e = pcall(mp.start_processes, g, {}, 1, true, false, %q)\n"):format(method) ..
+        "print(ok, e.msg)\n")
+      local out = H.sh(LUA .. " -i < " .. input .. " 2>&1")
+      os.remove(input)
+      assert.truthy(out:find("results\t40\t41\t2", 1, true), out)
+      assert.truthy(out:find("attempt to call a nil value (global 'h')", 1, true), out)
+      assert.truthy(out:find("hint: the parent has a global 'h'", 1, true), out)
+    end)
+
+    it("runs workers with the embedding worker executable", function()
+      local exe = BUILD .. "/multiprocessing/worker"
+      local old = mp.get_executable()
+      mp.set_executable(exe)
+      assert.are.equal(exe, mp.get_executable())
+      local ok, results = pcall(start, function(i)
+        local f = io.open("/proc/self/exe")
+        f:close()
+        return i
+      end, {}, 2)
+      mp.set_executable(nil)
+      assert.is_true(ok, results)
+      assert.are.same({ 0, 1, n = 2 }, results)
+      assert.are.equal(old, mp.get_executable())
+    end)
+  end)
+end
+
+describe("the executable", function()
+  local before
+  before_each(function() before = H.snapshot() end)
+  after_each(function() H.check(before) end)
+
+  it("is the running stock interpreter by default", function()
+    local self = H.sh("readlink /proc/" .. H.pid() .. "/exe"):gsub("\n$", "")
+    assert.are.equal(self, mp.get_executable())
+  end)
+
+  it("set_executable refuses what it cannot execute", function()
+    local ok, err = pcall(mp.set_executable, "/nonexistent/lua")
+    assert.is_false(ok)
+    assert.truthy(err:find("bad argument #1 to '[%w.]*set_executable' %(.*No such file"), err)
+    ok, err = pcall(mp.set_executable, "/tmp")
+    assert.is_false(ok)
+    assert.truthy(err:find("bad argument #1 to '[%w.]*set_executable'"), err)
+  end)
+
+  it("a worker executable that cannot start fails the start with its reason", function()
+    local fake = os.tmpname()
+    write_file(fake, "#!/nonexistent/interpreter\n")
+    os.execute("chmod +x " .. fake)
+    mp.set_executable(fake)
+    local ok, err = pcall(mp.start_processes, function() end, {}, 2, true, false, "spawn")
+    mp.set_executable(nil)
+    os.remove(fake)
+    assert.is_false(ok)
+    assert.truthy(err:find("cannot start " .. fake .. ": No such file or directory", 1, true), err)
+    assert.are.same({}, H.children())
+  end)
+
+  it("the worker executable is the default in an embedding host", function()
+    local exe = BUILD .. "/multiprocessing/worker"
+    local out = H.sh(exe .. " -e " .. ("%q"):format(HERE .. [[
+      local mp = require "multiprocessing"
+      print(mp.get_executable())
+      for _, m in ipairs({ "spawn", "forkserver" }) do
+        local r = mp.start_processes(function(i) return i * 2 end, {}, 2, true, false, m)
+        print(m, r[1], r[2])
+      end
+    ]]) .. " 2>&1")
+    local real = H.sh("readlink -f " .. exe):gsub("\n$", "")
+    assert.are.equal(real .. "\nspawn\t0\t2\nforkserver\t0\t2\n", out)
+  end)
+end)
+
+describe("the forkserver", function()
+  local before
+  before_each(function() before = H.snapshot() end)
+  after_each(function() H.check(before) end)
+
+  local function trivial(i) return i end
+
+  it("is restarted after it was killed", function()
+    mp.start_processes(trivial, {}, 1, true, false, "forkserver")
+    local first = core._forkserver_info()
+    assert.is_truthy(first)
+    os.execute("kill -KILL " .. first.pid)
+    assert.is_true(H.eventually(function() return not H.alive(first.pid) end, 5))
+    local results = mp.start_processes(trivial, {}, 3, true, false, "forkserver")
+    assert.are.same({ 0, 1, 2, n = 3 }, results)
+    local second = core._forkserver_info()
+    assert.are_not.equal(first.pid, second.pid)
+    -- the dead one was reaped, not left a zombie
+    assert.is_nil(H.state(first.pid))
+  end)
+
+  it("is one process for many contexts", function()
+    mp.start_processes(trivial, {}, 1, true, false, "forkserver")
+    local pid = core._forkserver_info().pid
+    for _ = 1, 3 do mp.start_processes(trivial, {}, 2, true, false, "forkserver") end
+    assert.are.equal(pid, core._forkserver_info().pid)
+  end)
+
+  it("its workers and itself die when the parent is SIGKILLed", function()
+    local pidfile = os.tmpname()
+    local script = run_script(([[
+      local mp = require "multiprocessing"
+      local ctx = mp.start_processes(function() os.execute("sleep 30") end, {}, 2, false, false, "forkserver")
+      local f = io.open(%q, "w")
+      f:write(io.open("/proc/self/stat"):read("a"):match("^%%d+"), " ",
+              mp._forkserver_info().pid, " ", table.concat(ctx:pids(), " "))
+      f:close()
+      ctx:join()
+    ]]):format(pidfile))
+    local sh = io.popen(LUA .. " " .. script .. " 2>/dev/null")
+    local pids = H.eventually(function()
+      local s = H.read(pidfile)
+      return s and #s > 0 and s
+    end, 10)
+    local list = {}
+    for p in pids:gmatch("%d+") do list[#list + 1] = tonumber(p) end
+    assert.are.equal(4, #list)
+    os.execute("kill -KILL " .. list[1])
+    sh:close()
+    os.remove(pidfile)
+    os.remove(script)
+    for i = 2, 4 do
+      assert.is_true(H.eventually(function() return not H.alive(list[i]) end, 5))
+    end
+  end)
+
+  it("leaves no zombie and no running server when the state closes", function()
+    local script = run_script([[
+      -- finalisers run in reverse order: this one runs after the server's
+      setmetatable({}, { __gc = function()
+        local pid = io.open("/proc/self/stat"):read("a"):match("^%d+")
+        local children = io.open(("/proc/%d/task/%d/children"):format(pid, pid)):read("a")
+        io.stdout:write("children at close: [", children, "]\n")
+      end })
+      local mp = require "multiprocessing"
+      mp.start_processes(function() end, {}, 2, true, false, "forkserver")
+      io.stdout:write("server ", mp._forkserver_info().pid, "\n")
+    ]])
+    local out = H.sh(LUA .. " " .. script .. " 2>&1")
+    os.remove(script)
+    local pid = tonumber(out:match("server (%d+)"))
+    assert.is_truthy(pid, out)
+    assert.truthy(out:find("children at close: []", 1, true), out)
+    assert.is_nil(H.state(pid))
+  end)
+end)

@@ -1,0 +1,164 @@
+/*
+** executable.c -- which program a fresh worker runs, and the one line of
+** Lua that turns it into a worker.
+**
+** The stock interpreter (lua5.4, lua, lua54...) can run a worker: it is
+** what runs us, so it is used as is.  An embedding host's own executable
+** cannot (it would start the host), so then the default is the small
+** worker program the project builds next to core.so (worker_main.c).
+** mp.set_executable(path) chooses another; the choice is kept per
+** lua_State in the registry.
+*/
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "mp.h"
+
+#define EXE_KEY "multiprocessing.executable"
+#define WORKER_NAME "worker"
+
+/* basename matches ^lua%d*%.?%d*$ */
+static int is_stock_interpreter(const char *path) {
+  const char *base = strrchr(path, '/');
+  base = base ? base + 1 : path;
+  if (strncmp(base, "lua", 3) != 0) return 0;
+  base += 3;
+  while (*base >= '0' && *base <= '9') base++;
+  if (*base == '.') base++;
+  while (*base >= '0' && *base <= '9') base++;
+  return *base == '\0';
+}
+
+/* Pushes the absolute path of the file that holds this code (core.so). */
+static void push_core_path(lua_State *L) {
+  Dl_info info;
+  char *real;
+  if (dladdr((void *)(size_t)push_core_path, &info) == 0 ||
+      info.dli_fname == NULL) {
+    lua_pushliteral(L, "");
+    return;
+  }
+  real = realpath(info.dli_fname, NULL);
+  lua_pushstring(L, real ? real : info.dli_fname);
+  free(real);
+}
+
+static void push_default_executable(lua_State *L) {
+  char self[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  const char *core, *slash;
+  if (n > 0) {
+    self[n] = '\0';
+    if (is_stock_interpreter(self)) {
+      lua_pushstring(L, self);
+      return;
+    }
+  }
+  push_core_path(L);
+  core = lua_tostring(L, -1);
+  slash = strrchr(core, '/');
+  lua_pushlstring(L, core, slash ? (size_t)(slash - core + 1) : 0);
+  lua_pushliteral(L, WORKER_NAME);
+  lua_concat(L, 2);
+  lua_remove(L, -2);
+}
+
+const char *mp_push_executable(lua_State *L) {
+  if (lua_getfield(L, LUA_REGISTRYINDEX, EXE_KEY) != LUA_TSTRING) {
+    lua_pop(L, 1);
+    push_default_executable(L);
+  }
+  return lua_tostring(L, -1);
+}
+
+/* Pushes s as a Lua string literal (what string.format("%q") makes; the
+** host may have no string library). */
+static void push_quoted(lua_State *L, const char *s) {
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  luaL_addchar(&b, '"');
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') {
+      luaL_addchar(&b, '\\');
+      luaL_addchar(&b, (char)c);
+    } else if (c < 32 || c == 127) {
+      char esc[8];
+      esc[0] = '\\';
+      esc[1] = (char)('0' + c / 100);
+      esc[2] = (char)('0' + c / 10 % 10);
+      esc[3] = (char)('0' + c % 10);
+      luaL_addlstring(&b, esc, 4);
+    } else {
+      luaL_addchar(&b, (char)c);
+    }
+  }
+  luaL_addchar(&b, '"');
+  luaL_pushresult(&b);
+}
+
+/* The worker loads this very core.so (by path: it need not be on cpath)
+** and registers it, so that a later require finds it; only if that fails
+** does require search the parent's cpath. */
+void mp_push_bootstrap(lua_State *L, const char *call) {
+  int top = lua_gettop(L), base;
+  lua_getglobal(L, "package");
+  if (lua_istable(L, -1)) lua_getfield(L, -1, "cpath");
+  else lua_pushnil(L);
+  push_core_path(L);
+  base = lua_gettop(L);  /* cpath at base - 1, core path at base */
+  if (lua_type(L, base - 1) == LUA_TSTRING) {
+    lua_pushliteral(L, "package.cpath=");
+    push_quoted(L, lua_tostring(L, base - 1));
+    lua_pushliteral(L, " ");
+  }
+  lua_pushliteral(L, "package.preload[\"multiprocessing.core\"]="
+                     "package.loadlib(");
+  push_quoted(L, lua_tostring(L, base));
+  lua_pushfstring(L, ",\"luaopen_multiprocessing_core\") "
+                     "require\"multiprocessing.core\".%s", call);
+  lua_concat(L, lua_gettop(L) - base);
+  lua_replace(L, top + 1);
+  lua_settop(L, top + 1);
+}
+
+/* set_executable(path): path must be a regular file we may execute; nil
+** goes back to the default. */
+static int l_set_executable(lua_State *L) {
+  struct stat st;
+  const char *path;
+  if (lua_isnoneornil(L, 1)) {
+    lua_pushnil(L);
+    lua_setfield(L, LUA_REGISTRYINDEX, EXE_KEY);
+    return 0;
+  }
+  path = luaL_checkstring(L, 1);
+  if (stat(path, &st) != 0)
+    return luaL_argerror(L, 1, lua_pushfstring(L, "cannot use '%s' as the "
+                         "executable: %s", path, strerror(errno)));
+  if (!S_ISREG(st.st_mode) || access(path, X_OK) != 0)
+    return luaL_argerror(L, 1, lua_pushfstring(L, "cannot use '%s' as the "
+                         "executable: %s", path,
+                         S_ISREG(st.st_mode) ? strerror(errno)
+                                             : "not a regular file"));
+  lua_settop(L, 1);
+  lua_setfield(L, LUA_REGISTRYINDEX, EXE_KEY);
+  return 0;
+}
+
+static int l_get_executable(lua_State *L) {
+  mp_push_executable(L);
+  return 1;
+}
+
+void mp_open_executable(lua_State *L) {
+  lua_pushcfunction(L, l_set_executable);
+  lua_setfield(L, -2, "set_executable");
+  lua_pushcfunction(L, l_get_executable);
+  lua_setfield(L, -2, "get_executable");
+}

@@ -1,0 +1,543 @@
+/*
+** forkserver.c -- the "forkserver" start method.
+**
+** A small server process per lua_State, started on first use (and again
+** when it has died), runs the worker executable with nothing but the core
+** loaded.  For each context the parent sends ONE request over a
+** SOCK_SEQPACKET socketpair: a header and, as SCM_RIGHTS, the payload
+** memfd (payload.c), the reports memfd and the codec's descriptors.  The
+** server decodes the payload once, in a fresh lua_State that it closes
+** afterwards (so the server stays clean however many modules a request
+** loads), then creates each worker with clone3(CLONE_PARENT | CLONE_PIDFD):
+**   - CLONE_PARENT makes the worker a child of the USER process: join.c
+**     waits for and reaps it like any other worker, and PDEATHSIG ties it
+**     to the user process;
+**   - with CLONE_PARENT the kernel gives the worker the server's own exit
+**     signal, which is 0 (launch.c): no SIGCHLD reaches the host, and only
+**     waitid(..., __WALL) sees it;
+**   - without CLONE_VM it is a fork of a single-threaded server: safe.
+** The server answers with the pid and the pidfd of each worker.
+**
+** The server dies with the parent (PDEATHSIG + getppid check) and on EOF
+** of its socket.  The parent holds the socket and the server's pidfd in a
+** userdata in the registry, whose __gc kills and reaps the server: closing
+** the state leaves neither a zombie nor a running server.
+*/
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/pidfd.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "lualib.h"
+#include "mp.h"
+
+#ifndef P_PIDFD
+#define P_PIDFD 3
+#endif
+
+#define SERVER_KEY "multiprocessing.forkserver"
+#define SERVER_T   "multiprocessing.ForkServer"
+#define REQ_MAGIC  0x4c4d5046u
+#define MAXFDS     253    /* what one SCM_RIGHTS message may carry */
+
+LUAMOD_API int luaopen_multiprocessing_core(lua_State *L);
+
+typedef struct Request {
+  uint32_t magic;
+  int32_t nprocs;
+  int32_t parent;      /* the user process: the workers' parent */
+  uint32_t nfds;       /* payload, reports, then the codec's */
+} Request;
+
+typedef struct Reply {
+  int32_t rank;
+  int32_t pid;
+  int32_t err;         /* errno of clone3, or 0 with the pidfd attached */
+  int32_t pad;
+} Reply;
+
+/* --- descriptors over the socket ----------------------------------------- */
+
+typedef union Control {
+  char buf[CMSG_SPACE(sizeof(int) * MAXFDS)];
+  struct cmsghdr align;
+} Control;
+
+/* Returns 0 or an errno. */
+static int send_msg(int sock, const void *buf, size_t len, const int *fds,
+                    size_t nfds) {
+  struct msghdr msg;
+  struct iovec iov;
+  Control ctl;
+  ssize_t r;
+  memset(&msg, 0, sizeof msg);
+  iov.iov_base = (void *)(size_t)buf;
+  iov.iov_len = len;
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (nfds > 0) {
+    struct cmsghdr *c;
+    memset(&ctl, 0, sizeof ctl);
+    msg.msg_control = ctl.buf;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+    c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
+  }
+  do r = sendmsg(sock, &msg, MSG_NOSIGNAL); while (r < 0 && errno == EINTR);
+  if (r < 0) return errno;
+  return (size_t)r == len ? 0 : EMSGSIZE;
+}
+
+/* Receives one message; the descriptors (close-on-exec) go to fds, up to
+** *nfds of them, and *nfds says how many came.  Returns the byte count, 0
+** at EOF, or -errno; -EMSGSIZE when descriptors were dropped. */
+static ssize_t recv_msg(int sock, void *buf, size_t len, int *fds,
+                        size_t *nfds) {
+  struct msghdr msg;
+  struct iovec iov;
+  struct cmsghdr *c;
+  Control ctl;
+  size_t max = *nfds, got = 0;
+  ssize_t r;
+  memset(&msg, 0, sizeof msg);
+  iov.iov_base = buf;
+  iov.iov_len = len;
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = ctl.buf;
+  msg.msg_controllen = sizeof ctl.buf;
+  do r = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC); while (r < 0 && errno == EINTR);
+  if (r < 0) return -errno;
+  for (c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
+    size_t n, i;
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (i = 0; i < n; i++) {
+      int fd;
+      memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      if (got < max) fds[got++] = fd;
+      else close(fd);
+    }
+  }
+  *nfds = got;
+  if (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) return -EMSGSIZE;
+  return r;
+}
+
+static void close_all(int *fds, size_t n) {
+  size_t i;
+  for (i = 0; i < n; i++)
+    if (fds[i] >= 0) {
+      close(fds[i]);
+      fds[i] = -1;
+    }
+}
+
+/* === the server ========================================================== */
+
+/* glibc keeps the thread id in struct pthread and registers the robust
+** mutex list with the kernel per thread.  A raw clone3 child has neither:
+** the kernel clears its robust list, and glibc's cached tid is the
+** server's.  Robust mutexes (the sharing layer's Lock) need both for a
+** worker that dies holding one to be recovered.  So the child empties and
+** registers the list again (same address in its copy), as glibc's fork
+** does, and CLONE_CHILD_SETTID has the kernel write the child's tid into
+** glibc's field.  In glibc 2.36 (and
+** since 2.25), struct pthread has
+**     pid_t tid; pid_t pid_ununsed; void *robust_prev;
+**     struct robust_list_head robust_head;   <- what the kernel holds
+** so the tid lies 2 * sizeof(pid_t) + sizeof(void *) before the head.  That
+** is checked against gettid() at start; when the check fails, workers are
+** still created, but a robust lock held by a worker that dies may not be
+** recovered in forkserver workers. */
+typedef struct Robust {
+  void *head;
+  size_t len;
+  pid_t *tid;          /* glibc's tid field, or NULL when not found */
+} Robust;
+
+static void find_robust(Robust *rb) {
+  rb->head = NULL;
+  rb->len = 0;
+  rb->tid = NULL;
+  if (syscall(SYS_get_robust_list, 0, &rb->head, &rb->len) != 0 ||
+      rb->head == NULL) {
+    rb->head = NULL;
+    return;
+  }
+  {
+    pid_t *tid = (pid_t *)(void *)((char *)rb->head - 2 * sizeof(pid_t) -
+                                   sizeof(void *));
+    if (*tid == (pid_t)syscall(SYS_gettid)) rb->tid = tid;
+  }
+}
+
+/* struct clone_args of linux/sched.h (CLONE_ARGS_SIZE_VER0) */
+typedef struct CloneArgs {
+  uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack,
+           stack_size, tls;
+} CloneArgs;
+
+static pid_t clone_worker(int *pidfd, const Robust *rb) {
+  CloneArgs ca;
+  memset(&ca, 0, sizeof ca);
+  ca.flags = CLONE_PARENT | CLONE_PIDFD |
+             (rb->tid != NULL ? CLONE_CHILD_SETTID : 0);
+  ca.pidfd = (uint64_t)(uintptr_t)pidfd;
+  ca.child_tid = (uint64_t)(uintptr_t)rb->tid;
+  ca.exit_signal = 0;  /* CLONE_PARENT: the kernel uses the server's, 0 */
+  return (pid_t)syscall(SYS_clone3, &ca, sizeof ca);
+}
+
+typedef struct Job {
+  int sock;
+  const Request *rq;
+  int *fds;            /* payload, reports, codec... */
+  size_t nfds;
+  const Robust *rb;
+} Job;
+
+/* In the new worker: leave the server's descriptors, then run fn. */
+static void worker_child(lua_State *sub, const Job *job, int rank)
+    __attribute__((noreturn));
+static void worker_child(lua_State *sub, const Job *job, int rank) {
+  const Robust *rb = job->rb;
+  if (rb->head != NULL) {
+    /* As glibc's fork does: the child owns none of the server's mutexes
+    ** (the server holds, e.g., its peer slots of the channels it decoded),
+    ** so its list starts empty.  Inheriting the server's list would let the
+    ** child's first lock rewrite, in shared memory, the links of a mutex
+    ** the server holds, and corrupt the server's own list. */
+    *(void **)rb->head = rb->head;          /* robust_head.list = &head */
+    if (rb->tid != NULL)                    /* the layout was verified */
+      ((void **)rb->head)[-1] = rb->head;   /* robust_prev */
+    syscall(SYS_set_robust_list, rb->head, rb->len);
+  }
+  close(job->sock);
+  close(job->fds[0]);
+  mp_worker_detach((pid_t)job->rq->parent);  /* our parent is the user's */
+  mp_worker_run(sub, 1, 2, rank, job->fds[1]);
+}
+
+/* Protected, in the request's own state: the payload -> fn, args. */
+static int prepare(lua_State *L) {
+  Job *job = lua_touserdata(L, 1);
+  lua_pop(L, 1);
+  luaL_openlibs(L);
+  luaL_requiref(L, "multiprocessing.core", luaopen_multiprocessing_core, 0);
+  lua_pop(L, 1);
+  mp_payload_load(L, job->fds[0], job->fds + 2, job->nfds - 2);
+  return 2;
+}
+
+static int reply(const Job *job, int rank, pid_t pid, int err, int pidfd) {
+  Reply r;
+  memset(&r, 0, sizeof r);
+  r.rank = rank;
+  r.pid = pid;
+  r.err = err;
+  return send_msg(job->sock, &r, sizeof r, &pidfd, err == 0 ? 1 : 0);
+}
+
+static void serve(const Job *job) {
+  lua_State *sub = luaL_newstate();
+  int i;
+  if (sub == NULL) {
+    reply(job, 0, 0, ENOMEM, -1);
+    return;
+  }
+  lua_pushcfunction(sub, prepare);
+  lua_pushlightuserdata(sub, (void *)(size_t)job);
+  if (lua_pcall(sub, 1, 2, 0) != LUA_OK) {
+    reply(job, 0, 0, ENOMEM, -1);
+    lua_close(sub);
+    return;
+  }
+  fflush(NULL);  /* whatever loading printed must not be printed n times */
+  for (i = 0; i < job->rq->nprocs; i++) {
+    int pidfd = -1, err;
+    pid_t pid = clone_worker(&pidfd, job->rb);
+    if (pid == 0) worker_child(sub, job, i);
+    err = pid < 0 ? errno : 0;
+    if (reply(job, i, pid, err, pidfd) != 0) err = -1;
+    if (pid > 0) close(pidfd);
+    if (err != 0) break;
+  }
+  lua_close(sub);
+}
+
+static int valid_request(const Request *rq, ssize_t r, size_t nfds) {
+  return r == (ssize_t)sizeof *rq && rq->magic == REQ_MAGIC &&
+         rq->nprocs > 0 && rq->nfds >= 2 && rq->nfds == nfds;
+}
+
+/* _forkserver_main(sock, parent_pid): the server's loop; never returns. */
+static int l_forkserver_main(lua_State *L) {
+  int sock = (int)luaL_checkinteger(L, 1);
+  pid_t parent = (pid_t)luaL_checkinteger(L, 2);
+  Robust rb;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(1);
+  /* lua.c catches SIGINT while a chunk runs; the server has no use for it
+  ** (it is in its own process group) and workers reset it anyway. */
+  signal(SIGINT, SIG_DFL);
+  fcntl(sock, F_SETFD, FD_CLOEXEC);
+  find_robust(&rb);
+  for (;;) {
+    Request rq;
+    int fds[MAXFDS];
+    size_t nfds = MAXFDS;
+    ssize_t r = recv_msg(sock, &rq, sizeof rq, fds, &nfds);
+    Job job;
+    if (r == 0) _exit(0);  /* the parent closed its end */
+    if (r < 0 && r != -EMSGSIZE) _exit(1);
+    job.sock = sock;
+    job.rq = &rq;
+    job.fds = fds;
+    job.nfds = nfds;
+    job.rb = &rb;
+    if (r > 0 && valid_request(&rq, r, nfds))
+      serve(&job);
+    else if (reply(&job, 0, 0, EPROTO, -1) != 0)
+      _exit(1);
+    close_all(fds, nfds);
+  }
+}
+
+/* === the parent ========================================================== */
+
+typedef struct Server {
+  int sock;            /* -1 when not running */
+  int pidfd;
+  pid_t pid;
+  pid_t owner;         /* the process that started it (fork copies this) */
+} Server;
+
+/* Kills and reaps the server; returns how it ended, as join.c counts exit
+** codes (-signal), or MP_EXIT_UNKNOWN. */
+static int server_stop(Server *s) {
+  int code = MP_EXIT_UNKNOWN;
+  if (s->pid > 0 && s->owner == getpid()) {
+    siginfo_t si;
+    int r;
+    /* A forked copy of this state must not touch its parent's server. */
+    pidfd_send_signal(s->pidfd, SIGKILL, NULL, 0);
+    memset(&si, 0, sizeof si);
+    do r = waitid((idtype_t)P_PIDFD, (id_t)s->pidfd, &si, WEXITED | __WALL);
+    while (r < 0 && errno == EINTR);
+    if (r == 0)
+      code = si.si_code == CLD_EXITED ? si.si_status : -si.si_status;
+  }
+  if (s->sock >= 0) close(s->sock);
+  if (s->pidfd >= 0) close(s->pidfd);
+  s->sock = s->pidfd = -1;
+  s->pid = 0;
+  return code;
+}
+
+static int server_gc(lua_State *L) {
+  server_stop(luaL_checkudata(L, 1, SERVER_T));
+  return 0;
+}
+
+/* Pushes this state's server handle (not necessarily running). */
+static Server *push_server(lua_State *L) {
+  Server *s;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, SERVER_KEY) == LUA_TUSERDATA)
+    return luaL_checkudata(L, -1, SERVER_T);
+  lua_pop(L, 1);
+  s = lua_newuserdatauv(L, sizeof *s, 1);
+  s->sock = s->pidfd = -1;
+  s->pid = s->owner = 0;
+  if (luaL_newmetatable(L, SERVER_T)) {
+    lua_pushcfunction(L, server_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_setmetatable(L, -2);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, LUA_REGISTRYINDEX, SERVER_KEY);
+  return s;
+}
+
+static int server_dead(const Server *s) {
+  struct pollfd p;
+  p.fd = s->pidfd;
+  p.events = POLLIN;
+  p.revents = 0;
+  return poll(&p, 1, 0) != 0;  /* readable: it exited */
+}
+
+/* Starts the server of the handle at 'si' with the executable at 'ei'. */
+static int server_start(lua_State *L, Server *s, int si, int ei) {
+  char call[64], *argv[4];
+  int sv[2], err;
+  pid_t pid;
+  int pidfd;
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+    return mp_push_errno(L, "socketpair", errno);
+  snprintf(call, sizeof call, "_forkserver_main(3,%ld)", (long)getpid());
+  mp_push_bootstrap(L, call);
+  argv[0] = (char *)(size_t)lua_tostring(L, ei);
+  argv[1] = (char *)(size_t)"-e";
+  argv[2] = (char *)(size_t)lua_tostring(L, -1);
+  argv[3] = NULL;
+  err = mp_launch(L, argv[0], argv, &sv[1], 1, &pid, &pidfd);
+  close(sv[1]);
+  if (err != 0) {
+    close(sv[0]);
+    lua_remove(L, -2);
+    lua_pushfstring(L, "cannot start the forkserver: %s", lua_tostring(L, -1));
+    lua_remove(L, -2);
+    return err;
+  }
+  lua_pop(L, 1);
+  s->sock = sv[0];
+  s->pidfd = pidfd;
+  s->pid = pid;
+  s->owner = getpid();
+  lua_pushvalue(L, ei);
+  lua_setiuservalue(L, si, 1);
+  return 0;
+}
+
+/* The server runs, with the executable at 'ei', and is ours. */
+static int server_ensure(lua_State *L, Server *s, int si, int ei) {
+  if (s->pid > 0) {
+    int same_exe;
+    lua_getiuservalue(L, si, 1);
+    same_exe = lua_rawequal(L, -1, ei);
+    lua_pop(L, 1);
+    if (s->owner != getpid() || !same_exe || server_dead(s))
+      server_stop(s);
+  }
+  return s->pid > 0 ? 0 : server_start(L, s, si, ei);
+}
+
+static int send_request(Server *s, mp_Context *ctx, const mp_Payload *p) {
+  int fds[MAXFDS];
+  size_t i;
+  Request rq;
+  rq.magic = REQ_MAGIC;
+  rq.nprocs = ctx->nprocs;
+  rq.parent = (int32_t)getpid();
+  rq.nfds = (uint32_t)(2 + p->nfds);
+  fds[0] = p->fd;
+  fds[1] = ctx->reports.fd;
+  for (i = 0; i < p->nfds; i++) fds[2 + i] = p->fds[i];
+  return send_msg(s->sock, &rq, sizeof rq, fds, rq.nfds);
+}
+
+/* Records each worker as its reply comes.  A server that stops answering
+** or answers nonsense is stopped: the next start gets a fresh one. */
+static int read_replies(lua_State *L, mp_Context *ctx, Server *s) {
+  int i;
+  for (i = 0; i < ctx->nprocs; i++) {
+    mp_Worker *w = &ctx->workers[i];
+    Reply r;
+    int fd = -1;
+    size_t nfds = 1;
+    ssize_t n = recv_msg(s->sock, &r, sizeof r, &fd, &nfds);
+    if (n == (ssize_t)sizeof r && r.rank == i && r.err != 0 && nfds == 0) {
+      lua_pushfstring(L, "the forkserver cannot start process %d: %s", i,
+                      strerror(r.err));
+      return r.err;
+    }
+    if (n != (ssize_t)sizeof r || r.rank != i || r.pid <= 0 || nfds != 1) {
+      int code;
+      if (nfds == 1) close(fd);
+      code = server_stop(s);
+      if (n == 0 && code < 0 && code != MP_EXIT_UNKNOWN)
+        lua_pushfstring(L, "the forkserver died of signal %d while starting "
+                           "process %d", -code, i);
+      else if (n == 0)
+        lua_pushfstring(L, "the forkserver exited (code %d) while starting "
+                           "process %d", code, i);
+      else
+        lua_pushfstring(L, "bad answer from the forkserver for process %d", i);
+      return n < 0 ? (int)-n : EPROTO;
+    }
+    w->pid = (pid_t)r.pid;
+    w->pidfd = fd;
+    ctx->started = i + 1;
+    /* It is our child: its own group already, or now, before anybody
+    ** signals the group (as fork does). */
+    setpgid(w->pid, w->pid);
+  }
+  return 0;
+}
+
+static int forkserver_start(lua_State *L, mp_Context *ctx, int fn, int args) {
+  mp_Payload *p = mp_payload_push(L, ctx, fn, args);
+  int top = lua_gettop(L), si, ei, err, attempt;
+  Server *s;
+  mp_push_executable(L);
+  ei = lua_gettop(L);
+  s = push_server(L);
+  si = lua_gettop(L);
+  if (p->nfds > MAXFDS - 2) {
+    mp_payload_close(p);
+    return mp_push_errno(L, "the args carry too many descriptors for one "
+                            "message to the forkserver", E2BIG);
+  }
+  fflush(NULL);  /* our buffered output first, as it would be without us */
+  for (attempt = 0; ; attempt++) {
+    err = server_ensure(L, s, si, ei);
+    if (err != 0) break;
+    err = send_request(s, ctx, p);
+    if (err == 0) {
+      err = read_replies(L, ctx, s);
+      break;
+    }
+    /* A server that died since we looked: one more try with a new one. */
+    server_stop(s);
+    if (attempt > 0 || (err != EPIPE && err != ECONNRESET)) {
+      mp_push_errno(L, "cannot send the request to the forkserver", err);
+      break;
+    }
+  }
+  mp_payload_close(p);
+  if (err != 0) {
+    lua_replace(L, top);
+    lua_settop(L, top);
+  }
+  return err;
+}
+
+const mp_StartMethod mp_start_forkserver = {"forkserver", forkserver_start};
+
+/* _forkserver_info() -> {pid=, fds={sock, pidfd}} of this state's running
+** server, or nil: for tests that account for every process and fd. */
+static int l_forkserver_info(lua_State *L) {
+  Server *s = push_server(L);
+  if (s->pid <= 0 || s->owner != getpid()) return 0;
+  lua_createtable(L, 0, 2);
+  lua_pushinteger(L, s->pid);
+  lua_setfield(L, -2, "pid");
+  lua_createtable(L, 2, 0);
+  lua_pushinteger(L, s->sock);
+  lua_rawseti(L, -2, 1);
+  lua_pushinteger(L, s->pidfd);
+  lua_rawseti(L, -2, 2);
+  lua_setfield(L, -2, "fds");
+  return 1;
+}
+
+void mp_open_forkserver(lua_State *L) {
+  lua_pushcfunction(L, l_forkserver_main);
+  lua_setfield(L, -2, "_forkserver_main");
+  lua_pushcfunction(L, l_forkserver_info);
+  lua_setfield(L, -2, "_forkserver_info");
+}

@@ -1,0 +1,161 @@
+/*
+** launch.c -- starting an executable the way an embedded library must:
+** safe in a threaded host, invisible to the host's SIGCHLD handling.
+**
+** clone(CLONE_VM | CLONE_VFORK) then execve, as posix_spawn does: no page
+** tables are copied and the parent waits only until the exec.  Unlike
+** posix_spawn we also get
+**   - CLONE_PIDFD: the pidfd is created with the process, so there is no
+**     window in which the pid could be reaped and reused before we hold it;
+**   - exit signal 0: the host gets no SIGCHLD, a host that ignores SIGCHLD
+**     does not auto-reap it, and waitpid(-1) (without __WALL) does not see
+**     it.  Only our waitid(P_PIDFD, ..., __WALL) reaps it.
+**
+** The child shares our memory until it execs, so it may only make raw
+** system calls: no malloc, no locks, no glibc wrappers that keep state
+** (and none that a sanitizer intercepts).  It writes errno into the
+** parent's TLS, which the parent restores.
+*/
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "mp.h"
+
+#ifndef P_PIDFD
+#define P_PIDFD 3
+#endif
+
+#define STACK_SIZE (64 * 1024)   /* the child only makes system calls */
+
+/* The kernel's struct sigaction.  Only the handler is read, and it comes
+** first in every layout; the rest is room enough for any of them.  All
+** zeros is SIG_DFL with no flags and an empty mask. */
+typedef struct KSigaction {
+  void *handler;
+  unsigned long rest[8];
+} KSigaction;
+
+#define KSIGSET_SIZE 8   /* _NSIG / 8: what the kernel's rt_sig* expect */
+
+typedef struct Child {
+  const char *exe;
+  char *const *argv;
+  const int *fds;         /* become 3, 4, ... in the new program */
+  int nfds;
+  int tmp[MP_LAUNCH_MAXFDS];
+  volatile int err;       /* set by the child when it cannot exec */
+} Child;
+
+/* A handler of ours must not run in the child while it shares our memory:
+** reset every caught signal (ignored ones stay ignored, as across exec). */
+__attribute__((no_sanitize("address", "undefined")))
+static void reset_handlers(void) {
+  static const KSigaction dfl;  /* zeros: SIG_DFL; read-only */
+  int sig;
+  for (sig = 1; sig < NSIG; sig++) {
+    KSigaction old;
+    old.handler = SIG_DFL;
+    if (syscall(SYS_rt_sigaction, sig, NULL, &old, KSIGSET_SIZE) == 0 &&
+        old.handler != (void *)SIG_DFL && old.handler != (void *)SIG_IGN)
+      syscall(SYS_rt_sigaction, sig, &dfl, NULL, KSIGSET_SIZE);
+  }
+}
+
+/* fds[i] -> 3 + i, without close-on-exec.  A source may sit on another's
+** target, so everything is first copied above all of them (close-on-exec:
+** the copies vanish at exec), then moved down. */
+__attribute__((no_sanitize("address", "undefined")))
+static int place_fds(Child *c) {
+  long top = 3 + c->nfds;
+  int i;
+  for (i = 0; i < c->nfds; i++)
+    if (c->fds[i] >= top) top = c->fds[i] + 1;
+  for (i = 0; i < c->nfds; i++) {
+    long fd = syscall(SYS_fcntl, c->fds[i], F_DUPFD_CLOEXEC, top);
+    if (fd < 0) return -1;
+    c->tmp[i] = (int)fd;
+  }
+  for (i = 0; i < c->nfds; i++)
+    if (syscall(SYS_dup3, c->tmp[i], 3 + i, 0) < 0) return -1;
+  return 0;
+}
+
+__attribute__((no_sanitize("address", "undefined")))
+static int child_main(void *arg) {
+  Child *c = arg;
+  static const uint64_t none = 0;
+  /* Our own process group: Ctrl-C at the terminal reaches the parent only,
+  ** and killpg(pid) takes the worker's own children too. */
+  syscall(SYS_setpgid, 0, 0);
+  reset_handlers();
+  if (place_fds(c) == 0) {
+    /* The parent blocked everything around clone; the new program starts
+    ** with an empty mask (a join may have been blocking SIGINT). */
+    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, KSIGSET_SIZE);
+    syscall(SYS_execve, c->exe, c->argv, environ);
+  }
+  c->err = errno ? errno : ENOEXEC;
+  syscall(SYS_exit_group, 127);
+  return 127;
+}
+
+/* Waits for a child that failed before exec (it exits at once). */
+static void reap_failed(int pidfd) {
+  siginfo_t si;
+  while (waitid((idtype_t)P_PIDFD, (id_t)pidfd, &si, WEXITED | __WALL) < 0
+         && errno == EINTR) {}
+  close(pidfd);
+}
+
+int mp_launch(lua_State *L, const char *exe, char *const argv[],
+              const int *fds, int nfds, pid_t *pid, int *pidfd) {
+  int saved_errno = errno, err;
+  sigset_t all, old;
+  Child c;
+  void *stack;
+  *pid = 0;
+  *pidfd = -1;
+  if (nfds > MP_LAUNCH_MAXFDS)
+    return mp_push_errno(L, "cannot start a process with so many descriptors",
+                         EMFILE);
+  c.exe = exe;
+  c.argv = argv;
+  c.fds = fds;
+  c.nfds = nfds;
+  c.err = 0;
+  stack = mmap(NULL, STACK_SIZE, PROT_READ | PROT_WRITE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (stack == MAP_FAILED) return mp_push_errno(L, "mmap", errno);
+  /* No handler of ours may run in the child before it resets them. */
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  *pid = clone(child_main, (char *)stack + STACK_SIZE,
+               CLONE_VM | CLONE_VFORK | CLONE_PIDFD /* | exit signal 0 */,
+               &c, pidfd);
+  err = *pid < 0 ? errno : 0;
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  munmap(stack, STACK_SIZE);
+  errno = saved_errno;  /* the child wrote it */
+  if (err != 0) {
+    *pid = 0;
+    *pidfd = -1;
+    return mp_push_errno(L, "clone", err);
+  }
+  if (c.err != 0) {
+    err = c.err;
+    reap_failed(*pidfd);
+    *pid = 0;
+    *pidfd = -1;
+    lua_pushfstring(L, "cannot start %s: %s", exe, strerror(err));
+    return err;
+  }
+  return 0;
+}

@@ -1,0 +1,375 @@
+/*
+** payload.c -- what a fresh worker ("spawn", "forkserver") receives: the
+** function, its args and the parent's environment, encoded ONCE per
+** context however many workers start (64 MiB of args must not be encoded
+** again for each worker: torch #133010), into a sealed memfd that every
+** worker maps.
+**
+** Layout: Header, then two codec messages:
+**   environment  {path, cpath, cwd, arg, environ} in MP_CODEC_DATA: it is
+**                applied first, because decoding fn may require modules,
+**                which needs the parent's package.path and directory;
+**   main         fn, args in MP_CODEC_FUNCTIONS (bytecode, upvalues,
+**                module references), with the codec's descriptors.
+** The memfd is private to the parent and its workers (it has no name) and
+** sealed, so decoding its bytecode is safe: nobody else can write it.
+*/
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "mp.h"
+
+#define PAYLOAD_T "multiprocessing.Payload"
+#define MAGIC "LMPPAYL1"
+#define TO "to a spawned process: pass it differently or use start_method \"fork\""
+
+typedef struct Header {
+  char magic[8];
+  uint64_t env_size, main_size;
+} Header;
+
+/* --- the parent's side --------------------------------------------------- */
+
+/* The name of fn for error messages: the variable that holds it where
+** start_processes was called, or further out -- the outermost name wins, as
+** it is the one fn was defined with, not a wrapper's parameter -- as a local
+** or an upvalue of a function on the stack, then a global; else "fn".
+** Level 0 is start_processes itself. */
+static int push_name_at(lua_State *L, lua_Debug *ar, int fn) {
+  const char *name;
+  int i;
+  for (i = 1; (name = lua_getlocal(L, ar, i)) != NULL; i++) {
+    int hit = name[0] != '(' && lua_rawequal(L, -1, fn);
+    lua_pop(L, 1);
+    if (hit) {
+      lua_pushstring(L, name);
+      return 1;
+    }
+  }
+  lua_getinfo(L, "f", ar);
+  for (i = 1; (name = lua_getupvalue(L, -1, i)) != NULL; i++) {
+    int hit = name[0] != '\0' && lua_rawequal(L, -1, fn);
+    lua_pop(L, 1);
+    if (hit) {
+      lua_pop(L, 1);
+      lua_pushstring(L, name);
+      return 1;
+    }
+  }
+  lua_pop(L, 1);
+  return 0;
+}
+
+#define NAME_LEVELS 8
+
+static void push_fn_name(lua_State *L, int fn) {
+  lua_Debug ar;
+  int level, found = 0;
+  for (level = 1; level <= NAME_LEVELS && lua_getstack(L, level, &ar); level++)
+    if (push_name_at(L, &ar, fn)) {
+      if (found) lua_remove(L, -2);
+      found = 1;
+    }
+  if (found) return;
+  lua_pushglobaltable(L);
+  lua_pushnil(L);
+  while (lua_next(L, -2)) {
+    if (lua_type(L, -2) == LUA_TSTRING && lua_rawequal(L, -1, fn)) {
+      lua_pop(L, 1);
+      lua_remove(L, -2);
+      return;
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  lua_pushliteral(L, "fn");
+}
+
+/* arg, as strings and numbers only: a script may have put anything in it,
+** and the worker only needs what a command line can hold. */
+static void push_arg_copy(lua_State *L) {
+  lua_newtable(L);
+  if (lua_getglobal(L, "arg") != LUA_TTABLE) {
+    lua_pop(L, 2);
+    lua_pushnil(L);
+    return;
+  }
+  lua_pushnil(L);
+  while (lua_next(L, -2)) {
+    if (lua_isinteger(L, -2) && (lua_type(L, -1) == LUA_TSTRING ||
+                                 lua_type(L, -1) == LUA_TNUMBER)) {
+      lua_pushvalue(L, -2);
+      lua_insert(L, -2);
+      lua_rawset(L, -5);
+    } else {
+      lua_pop(L, 1);
+    }
+  }
+  lua_pop(L, 1);
+}
+
+static void push_environment(lua_State *L) {
+  char *cwd = getcwd(NULL, 0);
+  int i;
+  lua_createtable(L, 0, 5);
+  if (lua_getglobal(L, "package") == LUA_TTABLE) {
+    lua_getfield(L, -1, "path");
+    lua_setfield(L, -3, "path");
+    lua_getfield(L, -1, "cpath");
+    lua_setfield(L, -3, "cpath");
+  }
+  lua_pop(L, 1);
+  if (cwd != NULL) {  /* a removed directory has no name: stay where we are */
+    lua_pushstring(L, cwd);
+    free(cwd);
+    lua_setfield(L, -2, "cwd");
+  }
+  push_arg_copy(L);
+  lua_setfield(L, -2, "arg");
+  /* A forkserver was started with an older environment than ours. */
+  lua_newtable(L);
+  for (i = 0; environ != NULL && environ[i] != NULL; i++) {
+    lua_pushstring(L, environ[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_setfield(L, -2, "environ");
+}
+
+static int write_all(int fd, const char *p, size_t n) {
+  while (n > 0) {
+    ssize_t k = write(fd, p, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) return errno;
+    p += k;
+    n -= (size_t)k;
+  }
+  return 0;
+}
+
+typedef struct Holder {
+  mp_Payload p;
+} Holder;
+
+void mp_payload_close(mp_Payload *p) {
+  if (p->fd >= 0) close(p->fd);
+  p->fd = -1;
+}
+
+static int holder_gc(lua_State *L) {
+  mp_payload_close(&((Holder *)luaL_checkudata(L, 1, PAYLOAD_T))->p);
+  return 0;
+}
+
+static int write_payload(int fd, const mp_Encoded *env, const mp_Encoded *m) {
+  Header h;
+  int err;
+  memset(&h, 0, sizeof h);
+  memcpy(h.magic, MAGIC, sizeof h.magic);
+  h.env_size = env->size;
+  h.main_size = m->size;
+  if ((err = write_all(fd, (const char *)&h, sizeof h)) != 0 ||
+      (err = write_all(fd, env->data, env->size)) != 0 ||
+      (err = write_all(fd, m->data, m->size)) != 0)
+    return err;
+  /* Sealed: a worker's mapping can neither shrink under it (SIGBUS) nor
+  ** change. */
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE |
+                             F_SEAL_SEAL) != 0)
+    return errno;
+  return 0;
+}
+
+/* Protected: fn at 1, args at 2, fn's name at 3 -> the holder. */
+static int build(lua_State *L) {
+  static const char *const env_names[] = {"environment"};
+  const char *names[2];
+  mp_Encoded m, env;
+  Holder *h;
+  int err;
+  names[0] = lua_tostring(L, 3);
+  names[1] = "args";
+  h = lua_newuserdatauv(L, sizeof *h, 1);
+  h->p.fd = -1;
+  h->p.fds = NULL;
+  h->p.nfds = 0;
+  if (luaL_newmetatable(L, PAYLOAD_T)) {
+    lua_pushcfunction(L, holder_gc);
+    lua_setfield(L, -2, "__gc");
+  }
+  lua_setmetatable(L, -2);
+  mp_encode(L, 1, 2, MP_CODEC_FUNCTIONS, names, TO, &m);
+  lua_pushvalue(L, -1);
+  lua_setiuservalue(L, 4, 1);  /* the box lends its descriptors */
+  h->p.fds = m.fds;
+  h->p.nfds = m.nfds;
+  push_environment(L);
+  mp_encode(L, -1, 1, MP_CODEC_DATA, env_names, TO, &env);
+  h->p.fd = memfd_create("lua-multiprocessing-payload",
+                         MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (h->p.fd < 0)
+    return luaL_error(L, "cannot create the workers' payload: memfd_create: %s",
+                      strerror(errno));
+  if ((err = write_payload(h->p.fd, &env, &m)) != 0)
+    return luaL_error(L, "cannot write the workers' payload: %s",
+                      strerror(err));
+  lua_settop(L, 4);
+  return 1;
+}
+
+mp_Payload *mp_payload_push(lua_State *L, mp_Context *ctx, int fn, int args) {
+  fn = lua_absindex(L, fn);
+  args = lua_absindex(L, args);
+  lua_pushcfunction(L, build);
+  lua_pushvalue(L, fn);
+  lua_pushvalue(L, args);
+  push_fn_name(L, fn);
+  if (lua_pcall(L, 3, 1, 0) != LUA_OK) {
+    /* Nothing started: the error is the codec's own message, as is. */
+    mp_context_close(ctx, 0);
+    lua_error(L);
+  }
+  return &((Holder *)lua_touserdata(L, -1))->p;
+}
+
+/* --- the worker's side --------------------------------------------------- */
+
+typedef struct Load {
+  const char *env, *main;
+  size_t env_size, main_size;
+  int *fds;
+  size_t nfds;
+} Load;
+
+static void apply_environ(lua_State *L, int list) {
+  lua_Integer i, n = (lua_Integer)lua_rawlen(L, list);
+  clearenv();
+  for (i = 1; i <= n; i++) {
+    const char *s, *eq;
+    if (lua_rawgeti(L, list, i) == LUA_TSTRING) {
+      s = lua_tostring(L, -1);
+      eq = strchr(s, '=');
+      if (eq != NULL && eq != s) {
+        lua_pushlstring(L, s, (size_t)(eq - s));
+        setenv(lua_tostring(L, -1), eq + 1, 1);
+        lua_pop(L, 1);
+      }
+    }
+    lua_pop(L, 1);
+  }
+}
+
+static void apply_environment(lua_State *L, int env) {
+  if (lua_getfield(L, env, "environ") == LUA_TTABLE) apply_environ(L, -1);
+  lua_pop(L, 1);
+  if (lua_getfield(L, env, "cwd") == LUA_TSTRING &&
+      chdir(lua_tostring(L, -1)) != 0)
+    luaL_error(L, "cannot enter the parent's directory %s: %s",
+               lua_tostring(L, -1), strerror(errno));
+  lua_pop(L, 1);
+  if (lua_getglobal(L, "package") == LUA_TTABLE) {
+    if (lua_getfield(L, env, "path") == LUA_TSTRING)
+      lua_setfield(L, -2, "path");
+    else
+      lua_pop(L, 1);
+    if (lua_getfield(L, env, "cpath") == LUA_TSTRING)
+      lua_setfield(L, -2, "cpath");
+    else
+      lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  if (lua_getfield(L, env, "arg") == LUA_TTABLE)
+    lua_setglobal(L, "arg");
+  else
+    lua_pop(L, 1);
+}
+
+/* Protected: the Load at 1 -> fn, args. */
+static int load(lua_State *L) {
+  Load *ld = lua_touserdata(L, 1);
+  if (mp_decode(L, ld->env, ld->env_size, MP_CODEC_DATA, NULL, 0) != 1 ||
+      !lua_istable(L, 2))
+    return luaL_error(L, "bad payload: no environment");
+  apply_environment(L, 2);
+  lua_settop(L, 1);
+  if (mp_decode(L, ld->main, ld->main_size, MP_CODEC_FUNCTIONS, ld->fds,
+                ld->nfds) != 2 || !lua_isfunction(L, 2) || !lua_istable(L, 3))
+    return luaL_error(L, "bad payload: no function and args");
+  return 2;
+}
+
+static int raise_upvalue(lua_State *L) {
+  lua_pushvalue(L, lua_upvalueindex(1));
+  return lua_error(L);
+}
+
+/* Reads the header; pushes a message and returns 0 when the file is not a
+** payload. */
+static int map_payload(lua_State *L, int fd, Load *ld, void **map,
+                       size_t *size) {
+  struct stat st;
+  Header h;
+  *map = MAP_FAILED;
+  if (fstat(fd, &st) != 0) {
+    mp_push_errno(L, "fstat", errno);
+    return 0;
+  }
+  *size = (size_t)st.st_size;
+  if (*size < sizeof h) {
+    lua_pushliteral(L, "bad payload: too short");
+    return 0;
+  }
+  *map = mmap(NULL, *size, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (*map == MAP_FAILED) {
+    mp_push_errno(L, "mmap", errno);
+    return 0;
+  }
+  memcpy(&h, *map, sizeof h);
+  if (memcmp(h.magic, MAGIC, sizeof h.magic) != 0 ||
+      h.env_size > *size - sizeof h ||
+      h.main_size != *size - sizeof h - h.env_size) {
+    lua_pushliteral(L, "bad payload: bad header");
+    return 0;
+  }
+  ld->env = (const char *)*map + sizeof h;
+  ld->env_size = (size_t)h.env_size;
+  ld->main = ld->env + ld->env_size;
+  ld->main_size = (size_t)h.main_size;
+  return 1;
+}
+
+void mp_payload_load(lua_State *L, int fd, int *fds, size_t nfds) {
+  Load ld;
+  void *map;
+  size_t size = 0, i;
+  int ok = map_payload(L, fd, &ld, &map, &size);
+  if (ok) {
+    ld.fds = fds;
+    ld.nfds = nfds;
+    lua_pushcfunction(L, load);
+    lua_pushlightuserdata(L, &ld);
+    ok = lua_pcall(L, 1, 2, 0) == LUA_OK;
+  }
+  if (map != MAP_FAILED) munmap(map, size);
+  for (i = 0; i < nfds; i++)  /* the ones no decoded object took */
+    if (fds[i] >= 0) {
+      close(fds[i]);
+      fds[i] = -1;
+    }
+  if (ok) return;
+  /* The failure (a module that cannot be required here, a directory that is
+  ** gone) becomes this worker's error, reported like any other. */
+  if (lua_type(L, -1) == LUA_TSTRING) {
+    lua_pushfstring(L, "cannot load the function and its args in the "
+                       "worker: %s", lua_tostring(L, -1));
+    lua_remove(L, -2);
+  }
+  lua_pushcclosure(L, raise_upvalue, 1);
+  lua_newtable(L);
+}
