@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "mp.h"
+#include "sharing.h"
 
 double mp_now(void) {
   struct timespec ts;
@@ -29,5 +30,6 @@ int luaopen_multiprocessing_core(lua_State *L) {
   mp_open_exception(L);
   mp_open_context(L);
   mp_open_spawn(L);
+  mp_open_shm(L); mp_open_array(L); mp_open_channel(L); mp_open_sync(L);
   return 1;
 }

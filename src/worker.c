@@ -12,6 +12,7 @@
 
 #include "codec.h"
 #include "mp.h"
+#include "sharing.h"
 
 /* A report longer than this keeps its head and its tail (where the error
 ** message is) around a visible marker. */
@@ -165,6 +166,14 @@ static int report_result(lua_State *L, int result, int rank, int reportfd) {
   return 1;
 }
 
+/* Protected: fn at 1, args at 2.  Objects inherited by a fork are this
+** worker's too from now on (a decoded one already is). */
+static int attach_inherited(lua_State *L) {
+  mp_sharing_attach(L, 1);
+  mp_sharing_attach(L, 2);
+  return 0;
+}
+
 static int push_args(lua_State *L, lua_State *co, int args) {
   lua_Integer n, i;
   if (lua_getfield(L, args, "n") == LUA_TNUMBER && lua_isinteger(L, -1))
@@ -188,11 +197,18 @@ void mp_worker_run(lua_State *L, int fn, int args, int rank, int reportfd) {
   /* A fresh thread: the traceback shows the worker's frames only. */
   co = lua_newthread(L);
   lua_pushcfunction(co, make_report);
+  lua_pushcfunction(co, attach_inherited);
   lua_pushvalue(L, fn);
-  lua_xmove(L, co, 1);
-  lua_pushinteger(co, rank);
-  nargs = push_args(L, co, args);
-  status = lua_pcall(co, nargs + 1, 1, 1);
+  lua_pushvalue(L, args);
+  lua_xmove(L, co, 2);
+  status = lua_pcall(co, 2, 0, 1);
+  if (status == LUA_OK) {
+    lua_pushvalue(L, fn);
+    lua_xmove(L, co, 1);
+    lua_pushinteger(co, rank);
+    nargs = push_args(L, co, args);
+    status = lua_pcall(co, nargs + 1, 1, 1);
+  }
   lua_xmove(co, L, 1);
   if (status == LUA_OK)
     code = report_result(L, -1, rank, reportfd);

@@ -1,0 +1,242 @@
+-- Shared memory: sharing strategies, Array and Value, and their crossing of
+-- process boundaries (arguments, results, queues, pipes) under each start
+-- method and each strategy.  Nothing may be left in /dev/shm or open.
+local mp = require "multiprocessing"
+local H = require "helpers"
+
+local STRATEGIES = { "file_descriptor", "file_system" }
+
+describe("sharing strategies", function()
+  after_each(function() mp.set_sharing_strategy("file_descriptor") end)
+
+  it("are the two of torch on Linux, file_descriptor by default", function()
+    assert.are.same({ file_descriptor = true, file_system = true },
+                    mp.get_all_sharing_strategies())
+    assert.are.equal("file_descriptor", mp.get_sharing_strategy())
+    mp.set_sharing_strategy("file_system")
+    assert.are.equal("file_system", mp.get_sharing_strategy())
+  end)
+
+  it("reject an unknown name clearly", function()
+    assert.has_error(function() mp.set_sharing_strategy("cuda_ipc") end)
+    local ok, err = pcall(mp.set_sharing_strategy, "cuda_ipc")
+    assert.is_false(ok)
+    assert.matches("unknown sharing strategy 'cuda_ipc'", err)
+    assert.are.equal("file_descriptor", mp.get_sharing_strategy())
+  end)
+end)
+
+describe("Array and Value", function()
+  local before
+  before_each(function() before = H.snapshot() end)
+  after_each(function() H.check(before) end)
+
+  it("index from 1 with bounds checks and typed conversion", function()
+    local a <close> = mp.Array("int32", 3)
+    assert.are.equal(3, #a)
+    a[1], a[3] = 7, -2
+    assert.are.same({ 7, 0, -2 }, a:totable())
+    assert.has_error(function() return a[4] end, nil)
+    assert.matches("index 4 out of range %(1%.%.3%)", select(2, pcall(function() return a[4] end)))
+    assert.matches("index 0 out of range", select(2, pcall(function() a[0] = 1 end)))
+    assert.matches("out of range for uint8", select(2, pcall(function()
+      local b <close> = mp.Array("uint8", 1); b[1] = 256 end)))
+    assert.matches("no integer representation", select(2, pcall(function() a[1] = 1.5 end)))
+    assert.matches("unknown ctype 'int7'", select(2, pcall(mp.Array, "int7", 1)))
+  end)
+
+  it("support every ctype", function()
+    for _, ct in ipairs { "int8", "int16", "int32", "int64", "uint8", "uint16",
+                          "uint32", "uint64", "float", "double" } do
+      local a <close> = mp.Array(ct, { 1, 2, 3 })
+      assert.are.same({ 1, 2, 3 }, a:totable(), ct)
+      assert.are.equal(ct, a:ctype())
+    end
+    local c <close> = mp.Array("char", "hey")
+    assert.are.equal("h", c[1])
+    c[1] = "H"
+    assert.are.equal("Hey", c:tostring())
+    assert.are.equal("ey", c:tostring(2, 3))
+    local d <close> = mp.Array("double", { 0.5 })
+    assert.are.equal(0.5, d[1])
+  end)
+
+  it("fill, copy and tostring in bulk", function()
+    local a <close> = mp.Array("uint8", 8)
+    a:fill(9)
+    assert.are.same({ 9, 9, 9, 9, 9, 9, 9, 9 }, a:totable())
+    a:copy("abc")                       -- raw bytes at 1
+    a:copy({ 1, 2 }, 4)                 -- a table at 4
+    assert.are.equal("abc\1\2\9\9\9", a:tostring())
+    local b <close> = mp.Array("uint8", 4, { shared = false })
+    b:copy(a, 1, 2, 5)                  -- a[2..5] into b at 1
+    assert.are.equal("bc\1\2", b:tostring())
+    assert.has_error(function() a:copy(string.rep("x", 9)) end)
+    local w <close> = mp.Array("int32", 2)
+    w:copy(string.pack("<i4i4", 5, -6))
+    assert.are.same({ 5, -6 }, w:totable())
+  end)
+
+  it("are shared by default; private ones move with share_memory", function()
+    for _, s in ipairs(STRATEGIES) do
+      mp.set_sharing_strategy(s)
+      local a <close> = mp.Array("int64", 2)
+      assert.is_true(a:is_shared())
+      local p <close> = mp.Array("int64", { 1, 2 }, { shared = false })
+      assert.is_false(p:is_shared())
+      assert.are.equal(p, p:share_memory())
+      assert.is_true(p:is_shared())
+      assert.are.same({ 1, 2 }, p:totable())
+      assert.matches(s, tostring(p))
+    end
+    mp.set_sharing_strategy("file_descriptor")
+  end)
+
+  it("Value has .value", function()
+    local v <close> = mp.Value("double", 1.5)
+    assert.are.equal(1.5, v.value)
+    v.value = 2.5
+    assert.are.equal(2.5, v.value)
+    assert.has_error(function() v.other = 1 end)
+  end)
+
+  it("are closed by close, and then refuse use", function()
+    local a = mp.Array("int8", 1)
+    a:close()
+    assert.matches("closed Array", select(2, pcall(function() return a[1] end)))
+  end)
+end)
+
+for _, method in ipairs(H.methods) do
+  for _, strategy in ipairs(STRATEGIES) do
+    describe(("shared memory, %s, %s:"):format(method, strategy), function()
+      local before
+      before_each(function()
+        mp.set_sharing_strategy(strategy)
+        before = H.snapshot()
+      end)
+      after_each(function()
+        H.check(before)
+        mp.set_sharing_strategy("file_descriptor")
+      end)
+
+      it("is the same memory for an argument", function()
+        local a <close> = mp.Array("int32", 4)
+        local v <close> = mp.Value("int64", 0)
+        mp.start_processes(function(i, arr, val)
+          arr[i + 1] = 10 + i
+          val.value = 99
+        end, { a, v }, 2, true, false, method)
+        assert.are.same({ 10, 11, 0, 0 }, a:totable())
+        assert.are.equal(99, v.value)
+      end)
+
+      it("is the same memory through a queue and a pipe, both ways", function()
+        local q <close> = mp.Queue()
+        local c1, c2 = mp.Pipe()
+        local ctx = mp.start_processes(function(_, qq, conn)
+          local x = qq:get()          -- from the parent
+          x[1] = 42
+          local y = mp.Array("int32", 1)
+          y[1] = 5
+          conn:send(y)                -- to the parent
+          assert(conn:recv() == "written")
+          assert(y[1] == 6, "parent's write seen")
+          x:close(); y:close()
+        end, { q, c2 }, 1, false, false, method)
+        local a <close> = mp.Array("int32", 1)
+        q:put(a)
+        local y <close> = c1:recv()
+        assert.are.equal(5, y[1])
+        y[1] = 6
+        c1:send("written")
+        assert.is_true(ctx:join(10))
+        assert.are.equal(42, a[1])
+        c1:close(); c2:close()
+      end)
+
+      it("copies a private array", function()
+        local p <close> = mp.Array("int32", { 1 }, { shared = false })
+        local q <close> = mp.Queue()
+        mp.start_processes(function(_, arr, qq)
+          arr[1] = 2
+          qq:put(arr)
+        end, { p, q }, 1, true, false, method)
+        local r <close> = q:get()
+        assert.are.equal(1, p[1])
+        assert.are.equal(2, r[1])
+        assert.is_false(r:is_shared())
+      end)
+
+      it("sends 1000 arrays without running out of descriptors", function()
+        local q <close> = mp.Queue()
+        local back <close> = mp.Queue()
+        local ctx = mp.start_processes(function(_, qq, bq)
+          local sum = 0
+          for _ = 1, 1000 do
+            local x = qq:get()
+            sum = sum + x[1]
+            x:close()
+          end
+          bq:put(sum)
+        end, { q, back }, 1, false, false, method)
+        local want = 0
+        for k = 1, 1000 do
+          local a = mp.Array("int32", 1)
+          a[1] = k
+          want = want + k
+          q:put(a)
+          a:close()
+        end
+        assert.are.equal(want, back:get(30))
+        assert.is_true(ctx:join(10))
+      end)
+    end)
+  end
+end
+
+describe("file_system segments", function()
+  it("are unlinked after SIGKILL of the parent", function()
+    local before = H.shm()
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write("package.path = ", ("%q"):format(package.path),
+            "; package.cpath = ", ("%q"):format(package.cpath), "\n", [[
+      local mp = require "multiprocessing"
+      mp.set_sharing_strategy("file_system")
+      local keep = {}
+      for i = 1, 5 do keep[i] = mp.Array("uint8", 4096) end
+      local q = mp.Queue()
+      q:put(keep[1])                -- in flight, never received
+      io.stdout:write(#io.popen("ls /dev/shm"):read("a") > 0 and "made\n" or "none\n")
+      io.stdout:flush()
+      os.execute("kill -9 " .. io.open("/proc/self/stat"):read("a"):match("^(%d+)"))
+    ]])
+    f:close()
+    local out = H.sh("lua5.4 " .. script .. " 2>&1")
+    os.remove(script)
+    assert.matches("made", out)
+    assert.is_truthy(H.eventually(function()
+      return #H.shm() == #before
+    end, 5))
+    assert.are.same(before, H.shm())
+  end)
+
+  it("names cannot be guessed and are private", function()
+    mp.set_sharing_strategy("file_system")
+    local before = H.shm()
+    local a <close> = mp.Array("uint8", 1)
+    local new = {}
+    for _, n in ipairs(H.shm()) do
+      local seen = false
+      for _, o in ipairs(before) do seen = seen or o == n end
+      if not seen then new[#new + 1] = n end
+    end
+    mp.set_sharing_strategy("file_descriptor")
+    assert.are.equal(1, #new)
+    assert.matches("^lmp_%x+$", new[1])
+    assert.are.equal(32, #new[1] - 4)
+    assert.matches("^%-rw%-%-%-%-%-%-%-", H.sh("ls -l /dev/shm/" .. new[1]))
+  end)
+end)
+

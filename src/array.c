@@ -1,0 +1,617 @@
+/*
+** array.c -- Array and Value: typed arrays of numbers or bytes, private or
+** in shared memory.
+**
+** mp.Array(ctype, n | table | string [, {shared = false}]) is shared by
+** default (as Python's); {shared = false} makes a private one that
+** a:share_memory() moves into shared memory later (torch's share_memory_()).
+** Shared arrays use the sharing strategy current when they become shared.
+** A shared array crossing a process boundary arrives as the same memory; a
+** private one is copied.
+**
+** A shared segment starts with a 64-byte header (magic, ctype, length, and
+** for file_system the count of references to its name); the elements
+** follow.  file_system: every mapping process holds one reference, and every
+** encoding of the array holds one for the receiver (torch's incref on send,
+** decref on receipt); the name is unlinked when the count reaches zero.
+*/
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mp.h"
+#include "codec.h"
+#include "sharing.h"
+
+#define ARRAY_T  "multiprocessing.Array"
+#define VALUE_T  "multiprocessing.Value"
+#define ARR_MAGIC 0x6d706172u   /* "mpar" */
+#define HDR_SIZE 64
+#define MAX_BYTES ((size_t)1 << 46)
+
+enum { T_INT, T_UINT, T_FLOAT, T_CHAR };
+
+typedef struct CType {
+  const char *name;
+  unsigned char size;
+  unsigned char kind;
+} CType;
+
+static const CType ctypes[] = {
+  {"int8", 1, T_INT}, {"int16", 2, T_INT}, {"int32", 4, T_INT},
+  {"int64", 8, T_INT}, {"uint8", 1, T_UINT}, {"uint16", 2, T_UINT},
+  {"uint32", 4, T_UINT}, {"uint64", 8, T_UINT}, {"float", 4, T_FLOAT},
+  {"double", 8, T_FLOAT}, {"char", 1, T_CHAR},
+};
+#define NCTYPES ((int)(sizeof ctypes / sizeof ctypes[0]))
+
+/* aliases, including Python's array/ctypes typecodes */
+static const struct { const char *alias; const char *name; } aliases[] = {
+  {"b", "int8"}, {"B", "uint8"}, {"h", "int16"}, {"H", "uint16"},
+  {"i", "int32"}, {"I", "uint32"}, {"l", "int64"}, {"L", "uint64"},
+  {"q", "int64"}, {"Q", "uint64"}, {"f", "float"}, {"d", "double"},
+  {"c", "char"}, {"int", "int32"}, {"long", "int64"}, {"byte", "uint8"},
+  {"float32", "float"}, {"float64", "double"}, {"bytes", "char"},
+};
+
+typedef struct ArrHdr {
+  uint32_t magic;
+  uint32_t ctype;
+  uint64_t n;
+  uint32_t refs;          /* file_system: references to the name */
+  uint32_t trkslot;       /* file_system: where the creator's tracker ... */
+  uint64_t trkid;         /* ... registered the name */
+} ArrHdr;
+
+typedef struct Array {
+  unsigned char *data;    /* the elements; NULL once closed */
+  size_t n;
+  int ct;
+  int isvalue;
+  pid_t refpid;           /* the process whose reference this object holds */
+  mp_Seg seg;             /* base != NULL when shared */
+} Array;
+
+static int find_ctype(const char *name) {
+  int i;
+  size_t j;
+  for (j = 0; j < sizeof aliases / sizeof aliases[0]; j++)
+    if (strcmp(aliases[j].alias, name) == 0) { name = aliases[j].name; break; }
+  for (i = 0; i < NCTYPES; i++)
+    if (strcmp(ctypes[i].name, name) == 0) return i;
+  return -1;
+}
+
+static int check_ctype(lua_State *L, int idx) {
+  const char *name = luaL_checkstring(L, idx);
+  int ct = find_ctype(name);
+  if (ct < 0)
+    luaL_argerror(L, idx, lua_pushfstring(L, "unknown ctype '%s' (expected "
+        "int8..int64, uint8..uint64, float, double or char)", name));
+  return ct;
+}
+
+static Array *toarray(lua_State *L, int idx) {
+  Array *a = (Array *)luaL_testudata(L, idx, ARRAY_T);
+  if (!a) a = (Array *)luaL_testudata(L, idx, VALUE_T);
+  if (!a) luaL_typeerror(L, idx, "Array or Value");
+  return a;
+}
+
+static Array *checkarray(lua_State *L, int idx) {
+  Array *a = toarray(L, idx);
+  if (!a->data) luaL_error(L, "attempt to use a closed %s",
+                           a->isvalue ? "Value" : "Array");
+  return a;
+}
+
+static Array *newarray(lua_State *L, int ct, size_t n, int isvalue) {
+  Array *a = (Array *)lua_newuserdatauv(L, sizeof(Array), 0);
+  memset(a, 0, sizeof *a);
+  a->seg.fd = -1;
+  a->ct = ct;
+  a->n = n;
+  a->isvalue = isvalue;
+  luaL_setmetatable(L, isvalue ? VALUE_T : ARRAY_T);
+  return a;
+}
+
+static size_t nbytes(const Array *a) { return a->n * ctypes[a->ct].size; }
+
+static void alloc_private(lua_State *L, Array *a) {
+  a->data = (unsigned char *)calloc(nbytes(a) ? nbytes(a) : 1, 1);
+  if (!a->data) luaL_error(L, "not enough memory for an Array of %I bytes",
+                           (lua_Integer)nbytes(a));
+}
+
+static ArrHdr *hdr_of(Array *a) { return (ArrHdr *)(void *)a->seg.base; }
+
+/* Maps new shared memory for 'a' (whose data, if any, is copied over). */
+static void make_shared(lua_State *L, Array *a, int kind) {
+  mp_Seg seg;
+  ArrHdr *h;
+  mp_seg_create(L, &seg, HDR_SIZE + nbytes(a), kind);
+  h = (ArrHdr *)(void *)seg.base;
+  h->magic = ARR_MAGIC;
+  h->ctype = (uint32_t)a->ct;
+  h->n = a->n;
+  h->refs = 1;
+  h->trkid = seg.trkid;
+  h->trkslot = seg.trkslot;
+  if (a->data) {
+    memcpy(seg.base + HDR_SIZE, a->data, nbytes(a));
+    free(a->data);
+  }
+  a->seg = seg;
+  a->data = seg.base + HDR_SIZE;
+  a->refpid = getpid();
+}
+
+static void array_release(lua_State *L, Array *a) {
+  if (!a->data) return;
+  if (a->seg.base) {
+    if (a->seg.kind == MP_SEG_NAME && a->refpid == getpid() &&
+        __atomic_sub_fetch(&hdr_of(a)->refs, 1, __ATOMIC_ACQ_REL) == 0)
+      mp_seg_unlink(L, &a->seg);
+    mp_seg_close(&a->seg);
+  } else {
+    free(a->data);
+  }
+  a->data = NULL;
+}
+
+static int array_gc(lua_State *L) {
+  array_release(L, toarray(L, 1));
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* elements                                                            */
+
+static void push_elem(lua_State *L, const Array *a, size_t i) {
+  const unsigned char *p = a->data + i * ctypes[a->ct].size;
+  switch (a->ct) {
+    case 0: { int8_t v; memcpy(&v, p, 1); lua_pushinteger(L, v); break; }
+    case 1: { int16_t v; memcpy(&v, p, 2); lua_pushinteger(L, v); break; }
+    case 2: { int32_t v; memcpy(&v, p, 4); lua_pushinteger(L, v); break; }
+    case 3: { int64_t v; memcpy(&v, p, 8); lua_pushinteger(L, (lua_Integer)v); break; }
+    case 4: lua_pushinteger(L, p[0]); break;
+    case 5: { uint16_t v; memcpy(&v, p, 2); lua_pushinteger(L, v); break; }
+    case 6: { uint32_t v; memcpy(&v, p, 4); lua_pushinteger(L, v); break; }
+    case 7: { uint64_t v; memcpy(&v, p, 8); lua_pushinteger(L, (lua_Integer)v); break; }
+    case 8: { float v; memcpy(&v, p, 4); lua_pushnumber(L, v); break; }
+    case 9: { double v; memcpy(&v, p, 8); lua_pushnumber(L, v); break; }
+    default: lua_pushlstring(L, (const char *)p, 1); break;
+  }
+}
+
+static const struct { lua_Integer lo, hi; } int_range[] = {
+  {-128, 127}, {-32768, 32767}, {-2147483647 - 1, 2147483647},
+  {LUA_MININTEGER, LUA_MAXINTEGER}, {0, 255}, {0, 65535},
+  {0, 4294967295LL}, {LUA_MININTEGER, LUA_MAXINTEGER},
+};
+
+/* Converts the Lua value at idx for ctype ct into 'out' (8 bytes);
+** raises naming 'what' when it does not fit. */
+static void to_elem(lua_State *L, int ct, int idx, unsigned char *out,
+                    const char *what) {
+  const CType *t = &ctypes[ct];
+  if (t->kind == T_FLOAT) {
+    int ok;
+    lua_Number x = lua_tonumberx(L, idx, &ok);
+    if (!ok) luaL_error(L, "%s: expected a number for %s, got %s", what,
+                        t->name, luaL_typename(L, idx));
+    if (ct == 8) { float f = (float)x; memcpy(out, &f, 4); }
+    else memcpy(out, &x, 8);
+    return;
+  }
+  if (t->kind == T_CHAR && lua_type(L, idx) == LUA_TSTRING) {
+    size_t len;
+    const char *s = lua_tolstring(L, idx, &len);
+    if (len != 1) luaL_error(L, "%s: expected a one-byte string for char, "
+                             "got %I bytes", what, (lua_Integer)len);
+    out[0] = (unsigned char)s[0];
+    return;
+  }
+  {
+    int ok;
+    lua_Integer v = lua_tointegerx(L, idx, &ok);
+    int r = t->kind == T_CHAR ? 4 : ct;
+    if (!ok) {
+      if (lua_type(L, idx) == LUA_TNUMBER)
+        luaL_error(L, "%s: %s has no integer representation for %s", what,
+                   lua_tostring(L, idx), t->name);
+      luaL_error(L, "%s: expected an integer for %s, got %s", what, t->name,
+                 luaL_typename(L, idx));
+    }
+    if (v < int_range[r].lo || v > int_range[r].hi)
+      luaL_error(L, "%s: value %I out of range for %s", what, v, t->name);
+    switch (t->size) {
+      case 1: { uint8_t x = (uint8_t)v; memcpy(out, &x, 1); break; }
+      case 2: { uint16_t x = (uint16_t)v; memcpy(out, &x, 2); break; }
+      case 4: { uint32_t x = (uint32_t)v; memcpy(out, &x, 4); break; }
+      default: { uint64_t x = (uint64_t)v; memcpy(out, &x, 8); break; }
+    }
+  }
+}
+
+static void set_elem(lua_State *L, Array *a, size_t i, int idx,
+                     const char *what) {
+  unsigned char tmp[8];
+  to_elem(L, a->ct, idx, tmp, what);
+  memcpy(a->data + i * ctypes[a->ct].size, tmp, ctypes[a->ct].size);
+}
+
+static size_t check_index(lua_State *L, Array *a, int idx) {
+  int ok;
+  lua_Integer i = lua_tointegerx(L, idx, &ok);
+  if (!ok)
+    luaL_error(L, "Array index must be an integer, got %s",
+               lua_type(L, idx) == LUA_TNUMBER ? "a float" : luaL_typename(L, idx));
+  if (i < 1 || (lua_Unsigned)i > a->n)
+    luaL_error(L, "Array index %I out of range (1..%I)", i, (lua_Integer)a->n);
+  return (size_t)(i - 1);
+}
+
+/* an optional 1-based position (negative counts from the end), clamped */
+static size_t optpos(lua_State *L, int idx, size_t n, lua_Integer def) {
+  lua_Integer i = luaL_optinteger(L, idx, def);
+  if (i < 0) i = (lua_Integer)n + i + 1;
+  if (i < 0) i = 0;
+  if ((lua_Unsigned)i > n) i = (lua_Integer)n;
+  return (size_t)i;
+}
+
+/* ------------------------------------------------------------------ */
+/* constructors                                                        */
+
+/* opts at idx: {shared = boolean}; default shared */
+static int opt_shared(lua_State *L, int idx) {
+  int shared = 1;
+  if (lua_isnoneornil(L, idx)) return 1;
+  luaL_checktype(L, idx, LUA_TTABLE);
+  if (lua_getfield(L, idx, "shared") != LUA_TNIL) shared = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return shared;
+}
+
+/* mp.Array(ctype, n | table | string [, {shared = true}]) */
+static int new_array(lua_State *L) {
+  int ct = check_ctype(L, 1);
+  size_t n, i, esz = ctypes[ct].size;
+  int shared = opt_shared(L, 3);
+  Array *a;
+  switch (lua_type(L, 2)) {
+    case LUA_TNUMBER: {
+      lua_Integer k = luaL_checkinteger(L, 2);
+      luaL_argcheck(L, k >= 0 && (lua_Unsigned)k <= MAX_BYTES / esz, 2,
+                    "size out of range");
+      n = (size_t)k;
+      break;
+    }
+    case LUA_TTABLE: n = (size_t)luaL_len(L, 2); break;
+    case LUA_TSTRING: {
+      size_t len = lua_rawlen(L, 2);
+      if (len % esz)
+        return luaL_argerror(L, 2, lua_pushfstring(L, "string of %I bytes "
+            "is not a whole number of %s", (lua_Integer)len, ctypes[ct].name));
+      n = len / esz;
+      break;
+    }
+    default:
+      return luaL_typeerror(L, 2, "size, table or string");
+  }
+  a = newarray(L, ct, n, 0);
+  if (shared) make_shared(L, a, mp_sharing_strategy(L));
+  else alloc_private(L, a);
+  if (lua_type(L, 2) == LUA_TTABLE) {
+    for (i = 0; i < n; i++) {
+      lua_geti(L, 2, (lua_Integer)i + 1);
+      set_elem(L, a, i, -1, "Array");
+      lua_pop(L, 1);
+    }
+  } else if (lua_type(L, 2) == LUA_TSTRING) {
+    memcpy(a->data, lua_tostring(L, 2), n * esz);
+  }
+  return 1;
+}
+
+/* mp.Value(ctype [, v] [, {shared = true}]) */
+static int new_value(lua_State *L) {
+  int ct = check_ctype(L, 1);
+  int shared = opt_shared(L, 3);
+  Array *a = newarray(L, ct, 1, 1);
+  if (shared) make_shared(L, a, mp_sharing_strategy(L));
+  else alloc_private(L, a);
+  if (!lua_isnoneornil(L, 2)) set_elem(L, a, 0, 2, "Value");
+  return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* methods                                                             */
+
+static int m_fill(lua_State *L) {
+  Array *a = checkarray(L, 1);
+  size_t esz = ctypes[a->ct].size, i;
+  unsigned char tmp[8];
+  to_elem(L, a->ct, 2, tmp, "fill");
+  if (esz == 1) memset(a->data, tmp[0], a->n);
+  else for (i = 0; i < a->n; i++) memcpy(a->data + i * esz, tmp, esz);
+  lua_settop(L, 1);
+  return 1;
+}
+
+/* a:totable([i [, j]]) */
+static int m_totable(lua_State *L) {
+  Array *a = checkarray(L, 1);
+  size_t i = optpos(L, 2, a->n, 1), j = optpos(L, 3, a->n, -1), k;
+  if (i < 1) i = 1;
+  lua_createtable(L, j >= i ? (int)(j - i + 1) : 0, 0);
+  for (k = i; k <= j; k++) {
+    push_elem(L, a, k - 1);
+    lua_rawseti(L, -2, (lua_Integer)(k - i + 1));
+  }
+  return 1;
+}
+
+/* a:tostring([i [, j]]) -> the raw bytes of elements i..j */
+static int m_tostring(lua_State *L) {
+  Array *a = checkarray(L, 1);
+  size_t esz = ctypes[a->ct].size;
+  size_t i = optpos(L, 2, a->n, 1), j = optpos(L, 3, a->n, -1);
+  if (i < 1) i = 1;
+  if (j < i) lua_pushliteral(L, "");
+  else lua_pushlstring(L, (const char *)a->data + (i - 1) * esz,
+                       (j - i + 1) * esz);
+  return 1;
+}
+
+/* a:copy(src [, dst = 1 [, first = 1 [, last]]]) -> a
+** Copies src[first..last] into a starting at element dst.  src is an Array
+** or Value (same ctype: one memmove; another ctype: converted element by
+** element), a string (raw bytes; first/last are byte positions and the count
+** must be a whole number of elements) or a table of values. */
+static int m_copy(lua_State *L) {
+  Array *a = checkarray(L, 1);
+  size_t esz = ctypes[a->ct].size, dst, first, last, count, srcn = 0, k;
+  Array *src = NULL;
+  lua_Integer d = luaL_optinteger(L, 3, 1);
+  int st = lua_type(L, 2);
+  if (st == LUA_TUSERDATA) src = checkarray(L, 2);
+  else if (st == LUA_TSTRING) srcn = lua_rawlen(L, 2);
+  else if (st != LUA_TTABLE) return luaL_typeerror(L, 2, "Array, string or table");
+  if (src) srcn = src->n;
+  else if (st == LUA_TTABLE) srcn = (size_t)luaL_len(L, 2);
+  luaL_argcheck(L, d >= 1 && (lua_Unsigned)d <= a->n + 1, 3,
+                "destination index out of range");
+  dst = (size_t)d - 1;
+  first = optpos(L, 4, srcn, 1);
+  last = optpos(L, 5, srcn, -1);
+  if (first < 1) first = 1;
+  count = last >= first ? last - first + 1 : 0;
+  if (st == LUA_TSTRING) {
+    if (count % esz)
+      return luaL_argerror(L, 2, "byte count is not a whole number of elements");
+    if (dst + count / esz > a->n)
+      return luaL_error(L, "Array.copy: %I bytes do not fit at index %I of %I "
+                        "elements", (lua_Integer)count, d, (lua_Integer)a->n);
+    memcpy(a->data + dst * esz, lua_tostring(L, 2) + first - 1, count);
+  } else {
+    if (dst + count > a->n)
+      return luaL_error(L, "Array.copy: %I elements do not fit at index %I of "
+                        "%I", (lua_Integer)count, d, (lua_Integer)a->n);
+    if (src && src->ct == a->ct) {
+      memmove(a->data + dst * esz, src->data + (first - 1) * esz, count * esz);
+    } else {
+      for (k = 0; k < count; k++) {
+        if (src) push_elem(L, src, first - 1 + k);
+        else lua_geti(L, 2, (lua_Integer)(first + k));
+        set_elem(L, a, dst + k, -1, "Array.copy");
+        lua_pop(L, 1);
+      }
+    }
+  }
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int m_share_memory(lua_State *L) {
+  Array *a = checkarray(L, 1);
+  if (!a->seg.base) make_shared(L, a, mp_sharing_strategy(L));
+  lua_settop(L, 1);
+  return 1;
+}
+
+static int m_is_shared(lua_State *L) {
+  Array *a = checkarray(L, 1);
+  lua_pushboolean(L, a->seg.base != NULL);
+  return 1;
+}
+
+static int m_ctype(lua_State *L) {
+  lua_pushstring(L, ctypes[checkarray(L, 1)->ct].name);
+  return 1;
+}
+
+static int m_itemsize(lua_State *L) {
+  lua_pushinteger(L, ctypes[checkarray(L, 1)->ct].size);
+  return 1;
+}
+
+static int m_close(lua_State *L) {
+  array_release(L, toarray(L, 1));
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* metamethods                                                         */
+
+static int mt_index(lua_State *L) {
+  Array *a = toarray(L, 1);
+  if (lua_type(L, 2) == LUA_TNUMBER) {
+    checkarray(L, 1);
+    push_elem(L, a, check_index(L, a, 2));
+    return 1;
+  }
+  if (a->isvalue && lua_type(L, 2) == LUA_TSTRING &&
+      strcmp(lua_tostring(L, 2), "value") == 0) {
+    checkarray(L, 1);
+    push_elem(L, a, 0);
+    return 1;
+  }
+  lua_getmetatable(L, 1);
+  lua_getfield(L, -1, "__methods");
+  lua_pushvalue(L, 2);
+  lua_rawget(L, -2);
+  return 1;
+}
+
+static int mt_newindex(lua_State *L) {
+  Array *a = checkarray(L, 1);
+  if (lua_type(L, 2) == LUA_TNUMBER) {
+    set_elem(L, a, check_index(L, a, 2), 3, "Array");
+    return 0;
+  }
+  if (a->isvalue && lua_type(L, 2) == LUA_TSTRING &&
+      strcmp(lua_tostring(L, 2), "value") == 0) {
+    set_elem(L, a, 0, 3, "Value");
+    return 0;
+  }
+  return luaL_error(L, "cannot set field '%s' of an %s (only %s)",
+                    luaL_tolstring(L, 2, NULL), a->isvalue ? "Value" : "Array",
+                    a->isvalue ? ".value" : "integer indices");
+}
+
+static int mt_len(lua_State *L) {
+  lua_pushinteger(L, (lua_Integer)toarray(L, 1)->n);
+  return 1;
+}
+
+static int mt_tostring(lua_State *L) {
+  Array *a = toarray(L, 1);
+  const char *how = !a->data ? "closed"
+                  : !a->seg.base ? "private"
+                  : a->seg.kind == MP_SEG_NAME ? "shared, file_system"
+                  : "shared, file_descriptor";
+  lua_pushfstring(L, "multiprocessing.%s(%s, %I, %s)",
+                  a->isvalue ? "Value" : "Array", ctypes[a->ct].name,
+                  (lua_Integer)a->n, how);
+  return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* codec                                                               */
+
+typedef struct Wire {
+  char how;               /* 'P' private copy, 'F' memfd, 'N' name */
+  unsigned char ct;
+  unsigned char isvalue;
+  unsigned char pad[5];
+  uint64_t n;
+} Wire;
+
+static void array_encode(lua_State *L, int idx, mp_Writer *w) {
+  Array *a = toarray(L, idx);
+  Wire wi;
+  if (!a->data) luaL_error(L, "cannot send a closed Array");
+  memset(&wi, 0, sizeof wi);
+  wi.ct = (unsigned char)a->ct;
+  wi.isvalue = (unsigned char)a->isvalue;
+  wi.n = a->n;
+  wi.how = !a->seg.base ? 'P' : a->seg.kind == MP_SEG_NAME ? 'N' : 'F';
+  mp_write_bytes(L, w, &wi, sizeof wi);
+  if (wi.how == 'P') {
+    mp_write_bytes(L, w, a->data, nbytes(a));
+  } else if (wi.how == 'F') {
+    mp_write_fd(L, w, a->seg.fd);
+  } else {
+    mp_write_bytes(L, w, a->seg.name, MP_SHM_NAMELEN);
+    /* the receiver's reference, taken now: the name must outlive the
+    ** message even if this array is closed before it is received */
+    __atomic_add_fetch(&hdr_of(a)->refs, 1, __ATOMIC_ACQ_REL);
+  }
+}
+
+static void array_decode(lua_State *L, mp_Reader *r) {
+  Wire wi;
+  Array *a;
+  size_t size;
+  int e;
+  memcpy(&wi, mp_read_bytes(L, r, sizeof wi), sizeof wi);
+  if (wi.ct >= NCTYPES || wi.n > MAX_BYTES / ctypes[wi.ct].size ||
+      (wi.isvalue && wi.n != 1) ||
+      (wi.how != 'P' && wi.how != 'F' && wi.how != 'N'))
+    luaL_error(L, "bad Array encoding");
+  a = newarray(L, wi.ct, (size_t)wi.n, wi.isvalue);
+  size = HDR_SIZE + nbytes(a);
+  if (wi.how == 'P') {
+    const char *p = mp_read_bytes(L, r, nbytes(a));
+    alloc_private(L, a);
+    memcpy(a->data, p, nbytes(a));
+    return;
+  }
+  if (wi.how == 'F') {
+    int fd = mp_read_fd(L, r);
+    e = mp_seg_from_fd(L, &a->seg, fd, size, 1);
+  } else {
+    char name[MP_SHM_NAMELEN];
+    memcpy(name, mp_read_bytes(L, r, MP_SHM_NAMELEN), MP_SHM_NAMELEN);
+    name[MP_SHM_NAMELEN - 1] = '\0';
+    e = mp_seg_from_name(L, &a->seg, name, size);
+  }
+  if (e != 0) lua_error(L);
+  a->data = a->seg.base + HDR_SIZE;
+  a->refpid = getpid();     /* file_system: the message's reference is ours */
+  a->seg.trkid = hdr_of(a)->trkid;
+  a->seg.trkslot = hdr_of(a)->trkslot;
+  if (hdr_of(a)->magic != ARR_MAGIC || hdr_of(a)->ctype != wi.ct ||
+      hdr_of(a)->n != wi.n) {
+    array_release(L, a);
+    luaL_error(L, "received shared memory is not the Array it claims to be");
+  }
+}
+
+static const mp_CodecType array_codec = {ARRAY_T, array_encode, array_decode};
+static const mp_CodecType value_codec = {VALUE_T, array_encode, array_decode};
+
+/* ------------------------------------------------------------------ */
+
+static const luaL_Reg methods[] = {
+  {"fill", m_fill}, {"totable", m_totable}, {"tostring", m_tostring},
+  {"copy", m_copy}, {"share_memory", m_share_memory},
+  {"is_shared", m_is_shared}, {"ctype", m_ctype}, {"itemsize", m_itemsize},
+  {"close", m_close}, {NULL, NULL}
+};
+
+static void newtype(lua_State *L, const char *tname) {
+  luaL_newmetatable(L, tname);
+  lua_pushcfunction(L, array_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, array_gc);
+  lua_setfield(L, -2, "__close");
+  lua_pushcfunction(L, mt_tostring);
+  lua_setfield(L, -2, "__tostring");
+  lua_pushcfunction(L, mt_index);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, mt_newindex);
+  lua_setfield(L, -2, "__newindex");
+  lua_pushcfunction(L, mt_len);
+  lua_setfield(L, -2, "__len");
+  lua_newtable(L);
+  luaL_setfuncs(L, methods, 0);
+  lua_setfield(L, -2, "__methods");
+  lua_pop(L, 1);
+}
+
+void mp_open_array(lua_State *L) {
+  static const luaL_Reg funcs[] = {
+    {"Array", new_array}, {"Value", new_value}, {NULL, NULL}
+  };
+  newtype(L, ARRAY_T);
+  newtype(L, VALUE_T);
+  mp_codec_register(L, &array_codec);
+  mp_codec_register(L, &value_codec);
+  luaL_setfuncs(L, funcs, 0);
+}

@@ -1,0 +1,141 @@
+/*
+** sharing.h -- what the data-sharing files of multiprocessing.core share.
+**
+**   shm.c      shared memory segments (memfd / shm_open), the sharing
+**              strategies, the file_system tracker process, fd passing
+**   sync.c     waiting (futex, deadlines, interrupts), robust mutexes,
+**              peer slots (liveness), Lock/RLock/Semaphore/Event/Barrier/
+**              Condition
+**   array.c    Array and Value
+**   channel.c  Queue, SimpleQueue, Pipe connections
+*/
+#ifndef mp_sharing_h
+#define mp_sharing_h
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "lua.h"
+#include "lauxlib.h"
+
+/* --- shm.c: segments --- */
+#define MP_SEG_PRIVATE 0   /* not shared (no mapping) */
+#define MP_SEG_FD      1   /* memfd, passed as a descriptor */
+#define MP_SEG_NAME    2   /* shm_open name, passed as bytes */
+
+#define MP_SHM_NAMELEN 40
+
+typedef struct mp_Seg {
+  unsigned char *base;     /* the mapping, NULL when none */
+  size_t size;             /* its size */
+  int fd;                  /* memfd (MP_SEG_FD), else -1 */
+  int kind;                /* MP_SEG_* */
+  char name[MP_SHM_NAMELEN]; /* MP_SEG_NAME: "/lmp_<32 hex>" */
+  uint64_t trkid;          /* MP_SEG_NAME: the tracker table it is in ... */
+  uint32_t trkslot;        /* ... and where */
+} mp_Seg;
+
+/* The strategy of this lua_State: MP_SEG_FD or MP_SEG_NAME. */
+int  mp_sharing_strategy(lua_State *L);
+/* Creates and maps a zeroed segment; raises a Lua error on failure.
+** MP_SEG_NAME registers the name with the tracker first. */
+void mp_seg_create(lua_State *L, mp_Seg *s, size_t size, int kind);
+/* Maps a received memfd (takes ownership of fd, even on error); checks its
+** size with fstat and, when 'sealed', that it cannot shrink.  Returns 0 or
+** pushes a message and returns an errno. */
+int  mp_seg_from_fd(lua_State *L, mp_Seg *s, int fd, size_t size, int sealed);
+/* Opens and maps a file_system segment by name (the fd is closed again). */
+int  mp_seg_from_name(lua_State *L, mp_Seg *s, const char *name, size_t size);
+/* Unmaps and closes (idempotent). */
+void mp_seg_close(mp_Seg *s);
+/* Removes the name of a MP_SEG_NAME segment and tells the tracker. */
+void mp_seg_unlink(lua_State *L, mp_Seg *s);
+
+/* fd passing over unix sockets.  At most MP_MAXFDS per message. */
+#define MP_MAXFDS 253
+/* Returns bytes sent or -errno.  MSG_NOSIGNAL is always added. */
+ssize_t mp_sendfds(int sock, const void *buf, size_t len,
+                   const int *fds, size_t nfds, int flags);
+/* Returns bytes received (0 at EOF) or -errno; -EPROTO when the descriptors
+** were truncated (MSG_CTRUNC; the ones that came are closed).  *nfds is set
+** to the number received (closed-on-exec). */
+ssize_t mp_recvfds(int sock, void *buf, size_t len,
+                   int *fds, size_t maxfds, size_t *nfds, int flags);
+
+/* --- sync.c: waiting --- */
+#define MP_OK          0
+#define MP_TIMEOUT    (-1)
+#define MP_INTERRUPT  (-2)   /* a hook appeared (lua.c's SIGINT) */
+#define MP_PEERGONE   (-3)
+#define MP_SLICE      0.05   /* seconds between liveness/interrupt checks */
+
+typedef struct mp_Wait {
+  lua_State *L;
+  lua_Hook hook;           /* hook at the start: a new one means Ctrl-C */
+  int mask;
+  double deadline;         /* < 0: none */
+  double started;
+} mp_Wait;
+
+void   mp_wait_init(mp_Wait *w, lua_State *L, double timeout);
+/* Seconds to wait in the next slice (<= MP_SLICE); 0 when the deadline has
+** passed. */
+double mp_wait_slice(mp_Wait *w);
+int    mp_wait_interrupted(const mp_Wait *w);
+/* futex on a shared 32-bit word: 0 (woken or value differs), ETIMEDOUT,
+** EINTR. */
+int    mp_futex_wait(uint32_t *addr, uint32_t val, double secs);
+void   mp_futex_wake(uint32_t *addr, int n);
+/* Reads the timeout argument at idx: none/nil -> -1 (forever); a number
+** >= 0; raises for anything else. */
+double mp_opttimeout(lua_State *L, int idx);
+
+/* robust, process-shared mutexes */
+int  mp_mutex_init(pthread_mutex_t *m, int recursive);
+/* Locks with the wait's deadline in slices.  Returns MP_OK, MP_TIMEOUT,
+** MP_INTERRUPT, or 1 when the previous owner died (the mutex was made
+** consistent and is now held). */
+int  mp_mutex_lock(pthread_mutex_t *m, mp_Wait *w);
+
+/* peer slots: one robust mutex per attached process, held while attached;
+** a dead process's slot reads as dead (EOWNERDEAD) instead of busy. */
+#define MP_NSLOTS 64
+typedef struct mp_Slot {
+  uint32_t state;          /* 0 free, 1 busy (changing), 2 attached */
+  int32_t pid;
+  int32_t end;             /* which end of a pipe, -1 for a queue */
+  uint32_t pad;
+  pthread_mutex_t m;
+} mp_Slot;
+
+typedef struct mp_Peers {
+  uint32_t attaches;       /* how many attaches ever happened */
+  int32_t lastgone;        /* pid of the last process found gone */
+  mp_Slot slot[MP_NSLOTS];
+} mp_Peers;
+
+/* Returns the slot index, or -1 when all are taken. */
+int  mp_peers_attach(mp_Peers *p, int end);
+void mp_peers_detach(mp_Peers *p, int slot);
+/* Is any process other than slot 'self' attached (with end != 'notend'
+** when notend >= 0) still alive?  Returns 1 alive, 0 when no other was
+** ever attached, -1 when all others are gone. */
+int  mp_peers_alive(mp_Peers *p, int self, int notend);
+
+/* --- codec types: attaching inherited objects in a forked child --- */
+/* Walks the value at idx (tables and upvalues of functions) and attaches
+** every queue and connection found to this process, so that a worker that
+** dies without touching an inherited channel still counts as its user.  A
+** worker calls it on fn and args before running fn. */
+void mp_sharing_attach(lua_State *L, int idx);
+int  mp_channel_attach_value(lua_State *L, int idx);  /* 1 when handled */
+
+/* registration */
+void mp_open_shm(lua_State *L);
+void mp_open_array(lua_State *L);
+void mp_open_channel(lua_State *L);
+void mp_open_sync(lua_State *L);
+
+#endif

@@ -1,0 +1,519 @@
+/*
+** shm.c -- shared memory segments, the sharing strategies, the tracker of
+** file_system names, and descriptor passing over unix sockets.
+**
+** file_descriptor: a memfd (MFD_CLOEXEC|MFD_ALLOW_SEALING), sealed against
+**   shrinking and growing, freed by the kernel with its last fd and mapping.
+** file_system: a shm_open name "/lmp_<32 random hex>" (O_EXCL, 0600).  Every
+**   name is first registered in the table of a tracker: a tiny process
+**   started (double fork: nobody's child, own session, every fd closed, only
+**   system calls after fork) on first file_system use.  The table is a
+**   MAP_SHARED anonymous mapping, so the creator holds no descriptor; forked
+**   workers inherit it and register their names there too.  The tracker
+**   watches its creator with a pidfd: when the creator exits -- normal end,
+**   error, SIGKILL -- or its lua_State closes (the tracker userdata's __gc
+**   sets a quit flag, seen within 0.1 s), the tracker unlinks every name
+**   still registered and exits.  Names are also unlinked (and removed from
+**   the table) as soon as their reference count drops to zero (array.c).
+*/
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mp.h"
+#include "sharing.h"
+
+#define STRATEGY_KEY "multiprocessing.sharing_strategy"
+#define TRACKER_T    "multiprocessing.Tracker"
+#define TRACKER_KEY  "multiprocessing.tracker"
+
+/* ------------------------------------------------------------------ */
+/* strategies                                                          */
+
+static const char *const strategy_names[] = {
+  "file_descriptor", "file_system", NULL
+};
+
+int mp_sharing_strategy(lua_State *L) {
+  int s;
+  lua_getfield(L, LUA_REGISTRYINDEX, STRATEGY_KEY);
+  s = lua_isnil(L, -1) ? MP_SEG_FD : (int)lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  return s;
+}
+
+static int l_get_all_strategies(lua_State *L) {
+  lua_createtable(L, 0, 2);
+  lua_pushboolean(L, 1);
+  lua_setfield(L, -2, "file_descriptor");
+  lua_pushboolean(L, 1);
+  lua_setfield(L, -2, "file_system");
+  return 1;
+}
+
+static int l_get_strategy(lua_State *L) {
+  lua_pushstring(L, mp_sharing_strategy(L) == MP_SEG_NAME
+                        ? "file_system" : "file_descriptor");
+  return 1;
+}
+
+static int l_set_strategy(lua_State *L) {
+  const char *name = luaL_checkstring(L, 1);
+  int i;
+  for (i = 0; strategy_names[i]; i++)
+    if (strcmp(strategy_names[i], name) == 0) break;
+  if (!strategy_names[i])
+    return luaL_argerror(L, 1, lua_pushfstring(L,
+        "unknown sharing strategy '%s' (expected 'file_descriptor' or "
+        "'file_system')", name));
+  lua_pushinteger(L, i == 0 ? MP_SEG_FD : MP_SEG_NAME);
+  lua_setfield(L, LUA_REGISTRYINDEX, STRATEGY_KEY);
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* the tracker                                                         */
+
+#define TRACK_N 65536
+
+typedef struct TrackEnt {
+  uint32_t state;                 /* 0 free, 1 being written, 2 registered */
+  char name[MP_SHM_NAMELEN];
+} TrackEnt;
+
+typedef struct TrackTable {
+  uint32_t quit;                  /* the owner asks it to finish */
+  uint32_t hint;
+  uint64_t id;                    /* random: tells tables apart */
+  TrackEnt ent[TRACK_N];
+} TrackTable;
+
+typedef struct Tracker {
+  TrackTable *t;                  /* MAP_SHARED|MAP_ANONYMOUS: no fd */
+  pid_t pid;                      /* the intermediate child (reaped) */
+  pid_t owner;                    /* the process that started it */
+} Tracker;
+
+static void tracker_unlink(const char *name) {
+  char path[MP_SHM_NAMELEN + 16];
+  size_t n = strnlen(name, MP_SHM_NAMELEN - 1);
+  if (n < 2 || name[0] != '/' || memchr(name + 1, '/', n - 1)) return;
+  memcpy(path, "/dev/shm", 8);
+  memcpy(path + 8, name, n);
+  path[8 + n] = '\0';
+  unlink(path);
+}
+
+/* The tracker: only system calls, so it is safe after fork() in a threaded
+** host.  It watches its creator through a pidfd (poll) and checks the quit
+** flag every 0.1 s; then it unlinks every registered name. */
+static void tracker_main(TrackTable *t, pid_t parent) __attribute__((noreturn));
+static void tracker_main(TrackTable *t, pid_t parent) {
+  size_t i;
+  int pfd = (int)syscall(SYS_pidfd_open, parent, 0);
+  while (!__atomic_load_n(&t->quit, __ATOMIC_ACQUIRE)) {
+    if (pfd >= 0) {
+      struct pollfd p;
+      p.fd = pfd;
+      p.events = POLLIN;
+      if (poll(&p, 1, 100) > 0) break;         /* the creator exited */
+    } else {
+      struct timespec ts = {0, 100000000L};
+      if (errno == ESRCH || kill(parent, 0) < 0) break;
+      nanosleep(&ts, NULL);
+    }
+  }
+  for (i = 0; i < TRACK_N; i++)
+    if (__atomic_load_n(&t->ent[i].state, __ATOMIC_ACQUIRE) != 0) {
+      t->ent[i].name[MP_SHM_NAMELEN - 1] = '\0';
+      tracker_unlink(t->ent[i].name);
+    }
+  _exit(0);
+}
+
+/* The owner's lua_State is closing: the tracker cleans up and leaves. */
+static int tracker_gc(lua_State *L) {
+  Tracker *t = (Tracker *)luaL_checkudata(L, 1, TRACKER_T);
+  if (t->t && t->owner == getpid())
+    __atomic_store_n(&t->t->quit, 1, __ATOMIC_RELEASE);
+  if (t->t) munmap(t->t, sizeof(TrackTable));
+  t->t = NULL;
+  return 0;
+}
+
+static int tracker_tostring(lua_State *L) {
+  Tracker *t = (Tracker *)luaL_checkudata(L, 1, TRACKER_T);
+  lua_pushfstring(L, "multiprocessing.Tracker (pid %d)", (int)t->pid);
+  return 1;
+}
+
+static int random_bytes(void *p, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t k = getrandom((char *)p + got, n - got, 0);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    got += (size_t)k;
+  }
+  return 0;
+}
+
+static Tracker *get_tracker(lua_State *L) {
+  Tracker *t;
+  pid_t parent = getpid(), pid;
+  int st = 0;
+  void *m;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, TRACKER_KEY) == LUA_TUSERDATA) {
+    t = (Tracker *)lua_touserdata(L, -1);
+    lua_pop(L, 1);
+    if (t->t) return t;
+  } else {
+    lua_pop(L, 1);
+  }
+  t = (Tracker *)lua_newuserdatauv(L, sizeof(Tracker), 0);
+  memset(t, 0, sizeof *t);
+  luaL_setmetatable(L, TRACKER_T);
+  m = mmap(NULL, sizeof(TrackTable), PROT_READ | PROT_WRITE,
+           MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) {
+    mp_push_errno(L, "cannot start the shared memory tracker (mmap)", errno);
+    lua_error(L);
+  }
+  t->t = (TrackTable *)m;
+  random_bytes(&t->t->id, sizeof t->t->id);
+  pid = fork();
+  if (pid < 0) {
+    int e = errno;
+    munmap(m, sizeof(TrackTable));
+    t->t = NULL;
+    mp_push_errno(L, "cannot start the shared memory tracker (fork)", e);
+    lua_error(L);
+  }
+  if (pid == 0) {
+    /* double fork: the tracker is nobody's child to reap or to count */
+    pid_t gc = fork();
+    if (gc != 0) _exit(gc < 0);
+    setsid();                       /* Ctrl-C at the terminal spares it */
+    close_range(0, ~0U, 0);         /* it holds no pipe or socket open */
+    tracker_main(t->t, parent);
+  }
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    munmap(m, sizeof(TrackTable));
+    t->t = NULL;
+    luaL_error(L, "cannot start the shared memory tracker (fork failed)");
+  }
+  t->pid = pid;
+  t->owner = parent;
+  lua_setfield(L, LUA_REGISTRYINDEX, TRACKER_KEY);
+  return t;
+}
+
+static int tracker_register(lua_State *L, mp_Seg *s) {
+  Tracker *t = get_tracker(L);
+  uint32_t i, start = __atomic_load_n(&t->t->hint, __ATOMIC_RELAXED);
+  for (i = 0; i < TRACK_N; i++) {
+    uint32_t k = (start + i) % TRACK_N, zero = 0;
+    TrackEnt *e = &t->t->ent[k];
+    if (__atomic_compare_exchange_n(&e->state, &zero, 1, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_RELAXED)) {
+      memcpy(e->name, s->name, MP_SHM_NAMELEN);
+      __atomic_store_n(&e->state, 2, __ATOMIC_RELEASE);
+      __atomic_store_n(&t->t->hint, k + 1, __ATOMIC_RELAXED);
+      s->trkid = t->t->id;
+      s->trkslot = k;
+      return 0;
+    }
+  }
+  return ENOSPC;
+}
+
+static void tracker_forget(lua_State *L, mp_Seg *s) {
+  Tracker *t;
+  TrackEnt *e;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, TRACKER_KEY) != LUA_TUSERDATA) {
+    lua_pop(L, 1);
+    return;
+  }
+  t = (Tracker *)lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  if (!t->t || t->t->id != s->trkid || s->trkslot >= TRACK_N) return;
+  e = &t->t->ent[s->trkslot];
+  if (__atomic_load_n(&e->state, __ATOMIC_ACQUIRE) == 2 &&
+      memcmp(e->name, s->name, MP_SHM_NAMELEN) == 0)
+    __atomic_store_n(&e->state, 0, __ATOMIC_RELEASE);
+}
+
+/* ------------------------------------------------------------------ */
+/* segments                                                            */
+
+static int random_name(char *buf) {
+  unsigned char r[16];
+  size_t i;
+  static const char hex[] = "0123456789abcdef";
+  int e = random_bytes(r, sizeof r);
+  if (e) return e;
+  memcpy(buf, "/lmp_", 5);
+  for (i = 0; i < sizeof r; i++) {
+    buf[5 + 2 * i] = hex[r[i] >> 4];
+    buf[6 + 2 * i] = hex[r[i] & 15];
+  }
+  buf[5 + 2 * sizeof r] = '\0';
+  return 0;
+}
+
+static int map_fd(mp_Seg *s, int fd, size_t size) {
+  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return errno;
+  s->base = (unsigned char *)p;
+  s->size = size;
+  return 0;
+}
+
+static void seg_init(mp_Seg *s) {
+  s->base = NULL;
+  s->size = 0;
+  s->fd = -1;
+  s->kind = MP_SEG_PRIVATE;
+  s->name[0] = '\0';
+  s->trkid = 0;
+  s->trkslot = UINT32_MAX;
+}
+
+void mp_seg_create(lua_State *L, mp_Seg *s, size_t size, int kind) {
+  int fd, e;
+  const char *what;
+  seg_init(s);
+  if (kind == MP_SEG_FD) {
+    what = "memfd_create";
+    fd = memfd_create("multiprocessing", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) goto fail;
+    what = "ftruncate";
+    if (ftruncate(fd, (off_t)size) < 0) goto failfd;
+    what = "F_ADD_SEALS";
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+      goto failfd;
+    what = "mmap";
+    if ((e = map_fd(s, fd, size)) != 0) { errno = e; goto failfd; }
+    s->fd = fd;
+    s->kind = MP_SEG_FD;
+    return;
+  }
+  what = "getrandom";
+  if ((e = random_name(s->name)) != 0) { errno = e; goto fail; }
+  /* registered before it exists: a crash right after leaves nothing */
+  what = "shared memory tracker";
+  if ((e = tracker_register(L, s)) != 0) { errno = e; goto fail; }
+  what = "shm_open";
+  fd = shm_open(s->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) goto fail;
+  what = "ftruncate";
+  if (ftruncate(fd, (off_t)size) < 0) goto failname;
+  what = "mmap";
+  if ((e = map_fd(s, fd, size)) != 0) { errno = e; goto failname; }
+  close(fd);
+  s->kind = MP_SEG_NAME;
+  return;
+failname:
+  e = errno;
+  close(fd);
+  shm_unlink(s->name);
+  tracker_forget(L, s);
+  errno = e;
+  goto fail;
+failfd:
+  e = errno;
+  close(fd);
+  errno = e;
+fail:
+  e = errno;
+  seg_init(s);
+  mp_push_errno(L, lua_pushfstring(L, "cannot create shared memory (%s)",
+                                   what), e);
+  lua_error(L);
+}
+
+static int check_size(lua_State *L, int fd, size_t size) {
+  struct stat st;
+  if (fstat(fd, &st) < 0) return mp_push_errno(L, "fstat", errno);
+  if (!S_ISREG(st.st_mode) || st.st_size < 0 || (size_t)st.st_size != size) {
+    lua_pushfstring(L, "shared memory has size %I, expected %I",
+                    (lua_Integer)st.st_size, (lua_Integer)size);
+    return EINVAL;
+  }
+  return 0;
+}
+
+int mp_seg_from_fd(lua_State *L, mp_Seg *s, int fd, size_t size, int sealed) {
+  int e, seals;
+  seg_init(s);
+  if ((e = check_size(L, fd, size)) != 0) goto fail;
+  if (sealed) {
+    seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) !=
+                         (F_SEAL_SHRINK | F_SEAL_GROW)) {
+      lua_pushliteral(L, "received shared memory is not sealed against "
+                         "resizing");
+      e = EINVAL;
+      goto fail;
+    }
+  }
+  if ((e = map_fd(s, fd, size)) != 0) {
+    mp_push_errno(L, "mmap", e);
+    goto fail;
+  }
+  s->fd = fd;
+  s->kind = MP_SEG_FD;
+  return 0;
+fail:
+  close(fd);
+  return e;
+}
+
+int mp_seg_from_name(lua_State *L, mp_Seg *s, const char *name, size_t size) {
+  int fd, e;
+  seg_init(s);
+  if (name[0] != '/' || strlen(name) >= MP_SHM_NAMELEN || strchr(name + 1, '/')) {
+    lua_pushliteral(L, "bad shared memory name");
+    return EINVAL;
+  }
+  fd = shm_open(name, O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
+  if (fd < 0) {
+    e = errno;
+    mp_push_errno(L, lua_pushfstring(L, "cannot open shared memory '%s'%s",
+                  name, e == ENOENT ? " (its last owner released it)" : ""),
+                  e);
+    return e;
+  }
+  if ((e = check_size(L, fd, size)) == 0 && (e = map_fd(s, fd, size)) != 0)
+    mp_push_errno(L, "mmap", e);
+  close(fd);
+  if (e == 0) {
+    s->kind = MP_SEG_NAME;
+    strcpy(s->name, name);
+  }
+  return e;
+}
+
+void mp_seg_close(mp_Seg *s) {
+  if (s->base) munmap(s->base, s->size);
+  if (s->fd >= 0) close(s->fd);
+  s->base = NULL;
+  s->fd = -1;
+}
+
+void mp_seg_unlink(lua_State *L, mp_Seg *s) {
+  if (s->kind != MP_SEG_NAME || !s->name[0]) return;
+  shm_unlink(s->name);
+  tracker_forget(L, s);
+}
+
+/* ------------------------------------------------------------------ */
+/* descriptor passing                                                  */
+
+ssize_t mp_sendfds(int sock, const void *buf, size_t len,
+                   const int *fds, size_t nfds, int flags) {
+  struct msghdr mh;
+  struct iovec iov;
+  union {
+    char buf[CMSG_SPACE(sizeof(int) * MP_MAXFDS)];
+    struct cmsghdr align;
+  } u;
+  ssize_t k;
+  if (nfds > MP_MAXFDS) return -EINVAL;
+  memset(&mh, 0, sizeof mh);
+  iov.iov_base = (void *)(uintptr_t)buf;
+  iov.iov_len = len;
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  if (nfds > 0) {
+    struct cmsghdr *c;
+    memset(&u, 0, sizeof u);
+    mh.msg_control = u.buf;
+    mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+    c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
+  }
+  do k = sendmsg(sock, &mh, flags | MSG_NOSIGNAL);
+  while (k < 0 && errno == EINTR);
+  return k < 0 ? -errno : k;
+}
+
+ssize_t mp_recvfds(int sock, void *buf, size_t len,
+                   int *fds, size_t maxfds, size_t *nfds, int flags) {
+  struct msghdr mh;
+  struct iovec iov;
+  union {
+    char buf[CMSG_SPACE(sizeof(int) * MP_MAXFDS)];
+    struct cmsghdr align;
+  } u;
+  struct cmsghdr *c;
+  ssize_t k;
+  size_t i;
+  *nfds = 0;
+  memset(&mh, 0, sizeof mh);
+  iov.iov_base = buf;
+  iov.iov_len = len;
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = u.buf;
+  mh.msg_controllen = sizeof u.buf;
+  do k = recvmsg(sock, &mh, flags | MSG_CMSG_CLOEXEC);
+  while (k < 0 && errno == EINTR);
+  if (k < 0) return -errno;
+  for (c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      int *in = (int *)(void *)CMSG_DATA(c);
+      for (i = 0; i < n; i++) {
+        if (*nfds < maxfds) fds[(*nfds)++] = in[i];
+        else close(in[i]);
+      }
+    }
+  }
+  if (mh.msg_flags & MSG_CTRUNC) {
+    for (i = 0; i < *nfds; i++) close(fds[i]);
+    *nfds = 0;
+    return -EPROTO;
+  }
+  return k;
+}
+
+/* ------------------------------------------------------------------ */
+
+void mp_open_shm(lua_State *L) {
+  static const luaL_Reg funcs[] = {
+    {"get_all_sharing_strategies", l_get_all_strategies},
+    {"get_sharing_strategy", l_get_strategy},
+    {"set_sharing_strategy", l_set_strategy},
+    {NULL, NULL}
+  };
+  if (luaL_newmetatable(L, TRACKER_T)) {
+    lua_pushcfunction(L, tracker_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, tracker_gc);
+    lua_setfield(L, -2, "__close");
+    lua_pushcfunction(L, tracker_tostring);
+    lua_setfield(L, -2, "__tostring");
+  }
+  lua_pop(L, 1);
+  luaL_setfuncs(L, funcs, 0);
+}
