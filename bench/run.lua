@@ -1,0 +1,480 @@
+-- bench/run.lua -- the driver of `make bench` (scripts/bench.sh builds the
+-- floors into build/bench/ and runs this from the top of the tree).
+--
+-- Every measurement runs as its own process, under timeout(1), and prints
+-- JSON lines with one sample per repetition: the C floors (build/bench/*),
+-- the Python peers (bench/py_*.py) and the Lua side (bench/lua_*.lua, which
+-- load the library).  This driver takes medians and prints one table per
+-- issue.  A measurement that fails, times out or reports "skip" prints a
+-- "skipped: <why>" row and the run goes on; the exit status is always 0.
+--
+-- Columns: median (and the p25-p75 spread of the samples) of repeated runs;
+-- "x floor" is the cost per operation relative to the floor of the same
+-- table (time / floor time, or floor rate / rate): 1.00x is the floor,
+-- higher is slower; "vs Python" is how many times faster than the Python
+-- peer of the same row (its time / our time), measured in the same run.
+--
+-- Environment: BENCH_QUICK=1 for fewer repetitions (a smoke run);
+-- PYTHON (default python3), LUA (default lua5.4).
+package.path = "./bench/?.lua;" .. package.path
+local json = require "json"
+
+local QUICK = os.getenv("BENCH_QUICK") == "1"
+local LUA = os.getenv("LUA") or "lua5.4"
+local PYTHON = os.getenv("PYTHON") or "python3"
+local BIN = "build/bench/"
+
+local function reps(n) return QUICK and math.max(3, n // 5) or n end
+
+-- ---------------------------------------------------------------- running
+local function shell_ok(cmd)
+  local ok = os.execute(cmd .. " >/dev/null 2>&1")
+  return ok == true
+end
+
+local function readline(cmd)
+  local f = io.popen(cmd .. " 2>/dev/null")
+  if not f then return nil end
+  local s = f:read("l")
+  f:close()
+  return s
+end
+
+local ERRFILE = os.tmpname()
+
+-- The line of a failed command's stderr that says why: the last line of a
+-- Python traceback, else the first non-empty line (a Lua error message).
+local function errline(path)
+  local f = io.open(path)
+  if not f then return nil end
+  local first, last, traceback
+  for l in f:lines() do
+    if l:match("%S") then
+      first = first or l
+      last = l
+      if l:match("^Traceback") then traceback = true end
+    end
+  end
+  f:close()
+  local s = traceback and last or first
+  if s and #s > 160 then s = s:sub(1, 157) .. "..." end
+  return s
+end
+
+-- results[key] = decoded object (samples merged over calls); skips[key] = why
+local results, skips = {}, {}
+
+local function keyof(o)
+  local k = o.bench
+  if o.method then k = k .. "/" .. o.method end
+  if o.n then k = k .. "/" .. math.tointeger(o.n) end
+  return k
+end
+
+-- Runs one measurement command (timeout seconds), records every JSON line it
+-- prints; returns the number of lines recorded and, when the command failed,
+-- why.
+local function run(cmd, timeout, label)
+  io.stderr:write(string.format("bench: %s ...\n", label or cmd))
+  local t0 = os.time()
+  local f = io.popen(string.format("timeout -k 5 %d %s 2>%s", timeout, cmd, ERRFILE))
+  local got = 0
+  for line in f:lines() do
+    if line:match("^%s*{") then
+      local o, e = json.decode(line)
+      if o and o.bench then
+        local k = keyof(o)
+        if o.skip then
+          skips[k] = o.skip
+        else
+          local r = results[k]
+          if r and r.samples and o.samples then
+            for _, x in ipairs(o.samples) do r.samples[#r.samples + 1] = x end
+          else
+            results[k] = o
+          end
+        end
+        got = got + 1
+      else
+        io.stderr:write("bench: bad output line: ", line, " (", tostring(e), ")\n")
+      end
+    end
+  end
+  local _, how, code = f:close()
+  local why
+  if how == "exit" and code == 124 then
+    why = string.format("timed out after %d s", timeout)
+  elseif how ~= "exit" or code ~= 0 then
+    local st = how == "signal" and ("killed by signal " .. tostring(code))
+      or ("exit status " .. tostring(code))
+    local line = errline(ERRFILE)
+    why = line and (line .. " (" .. st .. ")") or st
+  end
+  if why then io.stderr:write("bench: ", label or cmd, ": ", why, "\n") end
+  return got, why
+end
+
+-- run, and mark each of 'keys' that got no result skipped, with the reason
+local function run_or_skip(keys, cmd, timeout, label)
+  local _, why = run(cmd, timeout, label)
+  for _, k in ipairs(keys) do
+    if not results[k] then skips[k] = skips[k] or why or "no output" end
+  end
+end
+
+-- ------------------------------------------------------------- statistics
+local function sorted(t)
+  local s = {}
+  for i, x in ipairs(t) do s[i] = x end
+  table.sort(s)
+  return s
+end
+
+local function quantile(t, q)
+  local s = sorted(t)
+  if #s == 0 then return nil end
+  local p = 1 + (#s - 1) * q
+  local lo = math.floor(p)
+  local hi = math.min(lo + 1, #s)
+  return s[lo] + (s[hi] - s[lo]) * (p - lo)
+end
+
+local function median(t) return t and quantile(t, 0.5) end
+
+local function med(key, field)
+  local r = results[key]
+  if not r then return nil end
+  return median(r[field or "samples"])
+end
+
+-- -------------------------------------------------------------- printing
+local function fmtnum(x)
+  if x == nil then return "-" end
+  local a = math.abs(x)
+  if a >= 1e6 then return string.format("%.2fM", x / 1e6)
+  elseif a >= 1e4 then return string.format("%.1fk", x / 1e3)
+  elseif a >= 100 then return string.format("%.0f", x)
+  elseif a >= 10 then return string.format("%.1f", x)
+  elseif a >= 1 then return string.format("%.2f", x)
+  else return string.format("%.3f", x) end
+end
+
+local function fmtx(x)
+  if x == nil then return "" end
+  if x >= 100 then return string.format("%.0fx", x) end
+  if x >= 10 then return string.format("%.1fx", x) end
+  return string.format("%.2fx", x)
+end
+
+local function tabulate(headers, rows)
+  local w = {}
+  for i, h in ipairs(headers) do w[i] = #h end
+  for _, r in ipairs(rows) do
+    if r.skip then w[1] = math.max(w[1], #r[1])
+    elseif not r.note then
+      for i = 1, #headers do w[i] = math.max(w[i], #(r[i] or "")) end
+    end
+  end
+  local function line(cells)
+    local out = {}
+    for i = 1, #headers do
+      local c = cells[i] or ""
+      if i == 1 then out[i] = c .. string.rep(" ", w[i] - #c)
+      else out[i] = string.rep(" ", w[i] - #c) .. c end
+    end
+    return "  " .. table.concat(out, "  "):gsub("%s+$", "")
+  end
+  print(line(headers))
+  local dash = {}
+  for i = 1, #headers do dash[i] = string.rep("-", w[i]) end
+  print("  " .. table.concat(dash, "  "))
+  for _, r in ipairs(rows) do
+    if r.note then print("    " .. r.note)
+    elseif r.skip then print("  " .. r[1] .. string.rep(" ", w[1] - #r[1]) .. "  skipped: " .. r.skip)
+    else print(line(r)) end
+  end
+end
+
+local HEAD = { "row", "median", "unit", "p25..p75", "x floor", "vs Python", "target" }
+
+-- One row.  spec = { name, key, unit, field, rate = true (higher is better),
+--   floor = key of the floor, py = key of the Python peer,
+--   target = { max = x floor limit } or { abs = limit in the row's unit } }
+local function row(rows, spec)
+  local r = results[spec.key]
+  if not r then
+    local why = skips[spec.key] or "no result"
+    -- a skip reason is free text: it runs past the columns
+    rows[#rows + 1] = { spec.name, skip = (why:gsub("^skipped: ", "")) }
+    return
+  end
+  local samples = r[spec.field or "samples"]
+  local m = median(samples)
+  local p25, p75 = quantile(samples, 0.25), quantile(samples, 0.75)
+  local function cost(other)      -- our cost per op relative to 'other'
+    if not other or other == 0 or m == 0 then return nil end
+    if spec.rate then return other / m else return m / other end
+  end
+  local xf, vp
+  if spec.floor then xf = cost(med(spec.floor, spec.floor_field)) end
+  if spec.is_floor then xf = 1 end
+  if spec.py then
+    local p = med(spec.py, spec.py_field)
+    local c = cost(p)
+    if c then vp = 1 / c end
+  end
+  local tgt = ""
+  if spec.target then
+    local t = spec.target
+    if t.max and xf then
+      tgt = string.format("<= %.1fx %s", t.max, xf <= t.max and "ok" or "MISS")
+    elseif t.abs then
+      tgt = string.format("< %s %s %s", fmtnum(t.abs), spec.unit,
+        m < t.abs and "ok" or "MISS")
+    end
+  end
+  rows[#rows + 1] = { spec.name, fmtnum(m), spec.unit,
+    fmtnum(p25) .. ".." .. fmtnum(p75), fmtx(xf), vp and fmtx(vp) or "", tgt }
+end
+
+local function section(title)
+  print("")
+  print(title)
+  print(string.rep("=", #title))
+end
+
+-- ------------------------------------------------------------------ setup
+local has_python = shell_ok("command -v " .. PYTHON)
+local function pyver()
+  return has_python and readline(PYTHON .. " -c 'import sys; print(sys.version.split()[0])'")
+end
+local nproc = readline("nproc") or "?"
+local kernel = readline("uname -sr") or "?"
+local cpu = readline("sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1") or "?"
+local luav = (readline(LUA .. " -v") or "?"):match("^Lua [%d.]+") or "?"
+local t_start = os.time()
+
+print("lua-multiprocessing benchmarks" .. (QUICK and " (BENCH_QUICK: fewer repetitions)" or ""))
+print(string.format("machine: %s cores, %s, %s", nproc, kernel, cpu))
+print(string.format("lua: %s; python: %s; date: %s", luav,
+  has_python and (pyver() or "?") or "missing (python rows skipped)",
+  os.date("!%Y-%m-%d %H:%M UTC")))
+local function loadavg()
+  local f = io.open("/proc/loadavg")
+  local s = f and f:read("l") or "?"
+  if f then f:close() end
+  return s:match("^(%S+ %S+ %S+)") or s
+end
+print(string.format("load average before the run: %s (other work on the machine skews every row)", loadavg()))
+print("medians of repeated runs (p25..p75 beside); 'x floor' = cost per operation / the floor's,")
+print("'vs Python' = times faster than the Python peer; all ratios from this one run.")
+
+local NOPY = "python3 not found"
+local function py(keys, script, args, timeout)
+  if not has_python then
+    for _, k in ipairs(keys) do skips[k] = NOPY end
+    return
+  end
+  run_or_skip(keys, PYTHON .. " bench/" .. script .. " " .. args, timeout, script .. " " .. args)
+end
+
+local function floor(keys, prog, args, timeout)
+  if not shell_ok("test -x " .. BIN .. prog) then
+    for _, k in ipairs(keys) do skips[k] = BIN .. prog .. " not built" end
+    return
+  end
+  run_or_skip(keys, BIN .. prog .. " " .. args, timeout, prog .. " " .. args)
+end
+
+local function lua(keys, script, args, timeout)
+  run_or_skip(keys, LUA .. " bench/" .. script .. " " .. args, timeout, script .. " " .. args)
+end
+
+-- ============================================================ measurement
+-- Issue 2: start+join of N trivial fork workers.  Floor and ours alternate in
+-- two rounds, so that drift of a noisy machine hits both alike.
+local NS = { 1, 16, 64 }
+local function keys(prefix, method, ns)
+  local t = {}
+  for _, n in ipairs(ns) do t[#t + 1] = prefix .. (method and ("/" .. method) or "") .. "/" .. n end
+  return t
+end
+for _ = 1, 2 do
+  floor(keys("floor_fork", nil, NS), "floor_fork", reps(15) .. " 1 16 64", 120)
+  lua(keys("lua_start", "fork", NS), "lua_start.lua", "fork " .. reps(15) .. " 1 16 64", 120)
+end
+py({ "py_start/fork/1" }, "py_start.py", "fork " .. reps(30) .. " 1", 120)
+py({ "py_start/fork/16" }, "py_start.py", "fork " .. reps(10) .. " 16", 120)
+py({ "py_start/fork/64" }, "py_start.py", "fork " .. reps(5) .. " 64", 120)
+
+for _ = 1, 2 do
+  floor({ "floor_fork/8" }, "floor_fork", reps(15) .. " 8", 60)
+  lua({ "lua_fail" }, "lua_fail.lua", reps(10), 120)
+end
+py({ "py_fail" }, "py_fail.py", reps(20), 120)
+
+-- Issue 3: 16 trivial workers under each start method.
+for _ = 1, 2 do
+  floor({ "floor_fork/16" }, "floor_fork", reps(15) .. " 16", 60)
+  floor({ "floor_spawn/16" }, "floor_spawn", reps(15) .. " " .. LUA .. " 16", 120)
+  for _, m in ipairs { "fork", "spawn", "forkserver" } do
+    lua({ "lua_start/" .. m .. "/16" }, "lua_start.lua", m .. " " .. reps(15) .. " 16", 120)
+  end
+end
+py({ "py_start/spawn/16" }, "py_start.py", "spawn " .. reps(5) .. " 16", 150)
+py({ "py_start/forkserver/16" }, "py_start.py", "forkserver " .. reps(7) .. " 16", 150)
+
+-- Issue 4: messages.
+-- Two rounds of 3 repetitions each, floor, ours and Python's in turn.
+local MREPS, RTS, MIBS, SENDS, SHM = 3, QUICK and 1000 or 5000, QUICK and 20 or 100,
+  QUICK and 100 or 500, 256
+local msgargs = string.format("%d %d %d %d %d", MREPS, RTS, MIBS, SENDS, SHM)
+for _ = 1, QUICK and 1 or 2 do
+  floor({ "floor_pipe_pingpong", "floor_pipe_mib" }, "floor_pipe",
+    string.format("%d %d %d", MREPS, RTS, MIBS), 120)
+  floor({ "floor_fdpass" }, "floor_fdpass", string.format("%d %d %d", MREPS, SENDS, SHM), 60)
+  lua({ "lua_queue_pingpong", "lua_pipe_pingpong", "lua_queue_mib", "lua_pipe_mib",
+        "lua_queue_array" }, "lua_msg.lua", msgargs, 150)
+  py({ "py_queue_pingpong", "py_pipe_pingpong", "py_queue_mib", "py_pipe_mib",
+       "py_queue_shm" }, "py_msg.py", msgargs, 150)
+end
+
+-- ================================================================ tables
+-- Results of the repeated rounds above are pooled per key.
+section("Issue 2: start+join of N trivial fork workers (function() end)")
+for _, n in ipairs(NS) do
+  local rows = {}
+  local fk = "floor_fork/" .. n
+  row(rows, { name = "C fork+_exit+waitpid (floor)", key = fk, unit = "ms", is_floor = true })
+  row(rows, { name = "lua mp.start_processes fork", key = "lua_start/fork/" .. n, unit = "ms",
+              floor = fk, py = "py_start/fork/" .. n, target = { max = 1.5 } })
+  row(rows, { name = "python multiprocessing fork", key = "py_start/fork/" .. n, unit = "ms",
+              floor = fk })
+  print("")
+  print(string.format("N = %d", n))
+  tabulate(HEAD, rows)
+end
+
+section("Issue 2: failure latency, 8 fork workers, worker 3 raises, the others sleep")
+do
+  local rows = {}
+  row(rows, { name = "C fork+_exit+waitpid of 8 (floor of the start)", key = "floor_fork/8",
+              unit = "ms", is_floor = true })
+  row(rows, { name = "lua: start -> exception held, all reaped", key = "lua_fail", unit = "ms",
+              py = "py_fail", target = { abs = 5 } })
+  row(rows, { name = "lua: start_processes alone (join=false)", key = "lua_fail", field = "start",
+              unit = "ms", floor = "floor_fork/8", py = "py_fail", py_field = "start" })
+  row(rows, { name = "python wait loop: start -> exception, reaped", key = "py_fail", unit = "ms" })
+  row(rows, { name = "python: starting the 8", key = "py_fail", field = "start", unit = "ms",
+              floor = "floor_fork/8" })
+  tabulate(HEAD, rows)
+  local lf, pf = results.lua_fail, results.py_fail
+  local function after(r)
+    if not r then return nil end
+    return median(r.samples) - median(r.start)
+  end
+  if lf or pf then
+    local a = after(lf)
+    print(string.format("    after the start (median total - median start): lua %s ms%s, python %s ms",
+      fmtnum(a), a and (a < 5 and " (< 5 ms ok)" or " (>= 5 ms MISS)") or "", fmtnum(after(pf))))
+  end
+  if lf and lf.left then
+    print(string.format("    lua: children of the parent still present when the exception arrived: %d (0 = all reaped)",
+      math.tointeger(lf.left) or lf.left))
+  end
+end
+
+section("Issue 3: start+join of 16 trivial workers per start method")
+do
+  local rows = {}
+  row(rows, { name = "C fork+_exit+waitpid x16 (fork floor)", key = "floor_fork/16", unit = "ms",
+              is_floor = true })
+  row(rows, { name = "C posix_spawn `lua5.4 -e ''` x16 (spawn floor)", key = "floor_spawn/16",
+              unit = "ms", is_floor = true })
+  row(rows, { name = "lua fork", key = "lua_start/fork/16", unit = "ms", floor = "floor_fork/16",
+              py = "py_start/fork/16", target = { max = 1.5 } })
+  row(rows, { name = "lua spawn", key = "lua_start/spawn/16", unit = "ms", floor = "floor_spawn/16",
+              py = "py_start/spawn/16", target = { max = 1.5 } })
+  row(rows, { name = "lua forkserver (server running)", key = "lua_start/forkserver/16", unit = "ms",
+              floor = "floor_fork/16", py = "py_start/forkserver/16", target = { max = 2 } })
+  row(rows, { name = "python fork (issue 2 run)", key = "py_start/fork/16", unit = "ms",
+              floor = "floor_fork/16" })
+  row(rows, { name = "python spawn", key = "py_start/spawn/16", unit = "ms", floor = "floor_spawn/16" })
+  row(rows, { name = "python forkserver (server running)", key = "py_start/forkserver/16", unit = "ms",
+              floor = "floor_fork/16" })
+  tabulate(HEAD, rows)
+  print("    x floor: spawn rows against the posix_spawn floor, fork and forkserver rows against the fork floor")
+end
+
+section("Issue 4: messages between the parent and one fork worker")
+do
+  local rows = {}
+  print("")
+  print("24-byte message ping-pong (round trips per second; higher is better)")
+  row(rows, { name = "C pipes, one write per message (floor)", key = "floor_pipe_pingpong",
+              unit = "rt/s", rate = true, is_floor = true })
+  row(rows, { name = "lua mp.Queue (two queues)", key = "lua_queue_pingpong", unit = "rt/s",
+              rate = true, floor = "floor_pipe_pingpong", py = "py_queue_pingpong" })
+  row(rows, { name = "lua mp.Pipe", key = "lua_pipe_pingpong", unit = "rt/s", rate = true,
+              floor = "floor_pipe_pingpong", py = "py_pipe_pingpong" })
+  row(rows, { name = "python Queue (two queues)", key = "py_queue_pingpong", unit = "rt/s",
+              rate = true, floor = "floor_pipe_pingpong" })
+  row(rows, { name = "python Pipe", key = "py_pipe_pingpong", unit = "rt/s", rate = true,
+              floor = "floor_pipe_pingpong" })
+  tabulate(HEAD, rows)
+  local function rt_us(k)
+    local m = med(k)
+    return m and fmtnum(1e6 / m) or "-"
+  end
+  local function cpu_us(k)
+    local m = med(k, "cpu")
+    return m and fmtnum(m) or "-"
+  end
+  local PP = { { "floor", "floor_pipe_pingpong" }, { "lua Queue", "lua_queue_pingpong" },
+               { "lua Pipe", "lua_pipe_pingpong" }, { "python Queue", "py_queue_pingpong" },
+               { "python Pipe", "py_pipe_pingpong" } }
+  local a, b = {}, {}
+  for i, p in ipairs(PP) do
+    a[i] = p[1] .. " " .. rt_us(p[2])
+    b[i] = p[1] .. " " .. cpu_us(p[2])
+  end
+  print("    round trip in us: " .. table.concat(a, ", "))
+  print("    parent CPU per round trip in us: " .. table.concat(b, ", "))
+
+  rows = {}
+  print("")
+  print("1 MiB strings one way (MB/s, 10^6 bytes; higher is better)")
+  row(rows, { name = "C pipe, 1 MiB writes (floor)", key = "floor_pipe_mib", unit = "MB/s",
+              rate = true, is_floor = true })
+  row(rows, { name = "lua mp.Queue", key = "lua_queue_mib", unit = "MB/s", rate = true,
+              floor = "floor_pipe_mib", py = "py_queue_mib" })
+  row(rows, { name = "lua mp.Pipe", key = "lua_pipe_mib", unit = "MB/s", rate = true,
+              floor = "floor_pipe_mib", py = "py_pipe_mib" })
+  row(rows, { name = "python Queue", key = "py_queue_mib", unit = "MB/s", rate = true,
+              floor = "floor_pipe_mib" })
+  row(rows, { name = "python Pipe", key = "py_pipe_mib", unit = "MB/s", rate = true,
+              floor = "floor_pipe_mib" })
+  tabulate(HEAD, rows)
+
+  rows = {}
+  print("")
+  print(string.format("an already shared %d MiB array through a Queue; the worker reads one element and replies (us per send)", SHM))
+  row(rows, { name = "C memfd by SCM_RIGHTS, mmap+read+munmap (floor)", key = "floor_fdpass",
+              unit = "us", is_floor = true })
+  row(rows, { name = "lua mp.Array('uint8') via mp.Queue", key = "lua_queue_array", unit = "us",
+              floor = "floor_fdpass", py = "py_queue_shm", target = { abs = 50 } })
+  row(rows, { name = "python SharedMemory via Queue", key = "py_queue_shm", unit = "us",
+              floor = "floor_fdpass" })
+  tabulate(HEAD, rows)
+  local la = results.lua_queue_array
+  local qp = med("lua_queue_pingpong")
+  if la then
+    print(string.format("    lua: creating the shared array took %s ms; a send minus one 24-byte Queue round trip: %s us (torch: ~700 us)",
+      fmtnum(la.create_ms), qp and fmtnum(median(la.samples) - 1e6 / qp) or "-"))
+  end
+end
+
+print("")
+print(string.format("bench: done in %d s; load average after the run: %s", os.time() - t_start, loadavg()))
+os.remove(ERRFILE)
+os.exit(0)

@@ -1,0 +1,20 @@
+#!/bin/sh
+# make bench: builds the C floors and the bench's clock module into
+# build/bench/, then runs bench/run.lua, which measures and prints the tables.
+# Benchmarks print, they never fail the build: this script exits 0.
+#   BENCH_QUICK=1 make bench     fewer repetitions (a smoke run)
+cd "$(dirname "$0")/.." || exit 0
+CC=${CC:-cc}
+LUA=${LUA:-lua5.4}
+mkdir -p build/bench
+for f in floor_fork floor_spawn floor_pipe floor_fdpass; do
+    "$CC" -O2 -o "build/bench/$f" "bench/$f.c" ||
+        echo "bench: could not build $f (its rows will be skipped)"
+done
+LUA_CFLAGS=$(pkg-config --cflags lua5.4 2>/dev/null)
+# shellcheck disable=SC2086
+"$CC" -O2 -shared -fPIC $LUA_CFLAGS -o build/bench/benchclock.so bench/benchclock.c ||
+    echo "bench: could not build the clock module (Lua rows will be skipped)"
+export LUA
+"$LUA" bench/run.lua || echo "bench: the driver failed (status $?)"
+exit 0
