@@ -5,9 +5,11 @@
 -- it and adds what is convenient to write in Lua.
 local core = require "multiprocessing.core"
 
+-- Everything public of the core; names starting with "_" are the entry
+-- points of spawned workers and the forkserver, and test hooks.
 local M = {}
 for name, value in pairs(core) do
-  M[name] = value
+  if name:sub(1, 1) ~= "_" then M[name] = value end
 end
 
 M._VERSION = "0.1.0"
