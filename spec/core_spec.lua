@@ -290,6 +290,30 @@ for _, method in ipairs(H.methods) do
       end
     end)
 
+    it("kills and reaps the started workers when a start fails midway", function()
+      local script = run_script(([[
+        local mp = require "multiprocessing"
+        local core = require "multiprocessing.core"
+        local ok, err = pcall(mp.start_processes, function() os.execute("sleep 30") end,
+                              {}, 64, true, false, %q)
+        local me = io.open("/proc/self/stat"):read("a"):match("^%%d+")
+        local server = core._forkserver_info and core._forkserver_info()
+        local left = 0
+        for pid in io.open("/proc/" .. me .. "/task/" .. me .. "/children"):read("a"):gmatch("%%d+") do
+          if not (server and tonumber(pid) == server.pid) then left = left + 1 end
+        end
+        print(ok, err)
+        print("children left: " .. left)
+      ]]):format(method))
+      -- few enough descriptors that the 64 workers cannot all get a pidfd
+      local out = H.sh("ulimit -n 40; " .. LUA .. " " .. script .. " 2>&1")
+      os.remove(script)
+      assert.truthy(out:find("false\tcannot start 64 processes with start method \"" ..
+                             method .. "\" %(%d+ started, now terminated%): "), out)
+      assert.truthy(out:find("Too many open files", 1, true), out)
+      assert.truthy(out:find("children left: 0", 1, true), out)
+    end)
+
     it("terminates the workers on Ctrl-C during join", function()
       local pidfile = os.tmpname()
       local script = run_script(([[

@@ -155,6 +155,32 @@ for _, method in ipairs(H.methods) do
         c1:close(); c2:close()
       end)
 
+      it("stays there for the workers when the parent closes it at once", function()
+        local a = mp.Array("int32", 3)
+        local back <close> = mp.Queue()
+        local ctx = mp.start_processes(function(i, arr, bq)
+          os.execute("sleep 0.2")       -- the parent has closed its array
+          arr[i + 1] = i + 1
+          bq:put(arr:totable())
+        end, { a, back }, 3, false, false, method)
+        a:close()
+        for _ = 1, 3 do assert.are.equal(3, #back:get(10)) end
+        assert.is_true(ctx:join(10))
+      end)
+
+      it("leaves nothing when a worker is SIGKILLed", function()
+        local a <close> = mp.Array("int32", 1)
+        local ok, e = pcall(mp.start_processes, function(i, arr)
+          arr[1] = 1
+          if i == 0 then
+            os.execute("kill -9 " .. io.open("/proc/self/stat"):read("a"):match("^(%d+)"))
+          end
+        end, { a }, 2, true, false, method)
+        assert.is_false(ok)
+        assert.matches("SIGKILL", tostring(e))
+        assert.are.equal(1, a[1])
+      end)
+
       it("copies a private array", function()
         local p <close> = mp.Array("int32", { 1 }, { shared = false })
         local q <close> = mp.Queue()

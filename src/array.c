@@ -128,8 +128,11 @@ static void alloc_private(lua_State *L, Array *a) {
 
 static ArrHdr *hdr_of(Array *a) { return (ArrHdr *)(void *)a->seg.base; }
 
-/* Maps new shared memory for 'a' (whose data, if any, is copied over). */
-static void make_shared(lua_State *L, Array *a, int kind) {
+static void own_reference(lua_State *L, int idx);
+
+/* Maps new shared memory for 'a' (at idx; its data, if any, is copied
+** over). */
+static void make_shared(lua_State *L, int idx, Array *a, int kind) {
   mp_Seg seg;
   ArrHdr *h;
   mp_seg_create(L, &seg, HDR_SIZE + nbytes(a), kind);
@@ -147,6 +150,29 @@ static void make_shared(lua_State *L, Array *a, int kind) {
   a->seg = seg;
   a->data = seg.base + HDR_SIZE;
   a->refpid = getpid();
+  if (kind == MP_SEG_NAME) own_reference(L, idx);
+}
+
+/* The arrays that hold a file_system reference of this process, weakly:
+** a worker gives them back before its _exit (mp_array_exit). */
+#define OWNED_KEY "multiprocessing.array.owned"
+
+static void own_reference(lua_State *L, int idx) {
+  idx = lua_absindex(L, idx);
+  if (lua_getfield(L, LUA_REGISTRYINDEX, OWNED_KEY) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    lua_newtable(L);
+    lua_createtable(L, 0, 1);
+    lua_pushliteral(L, "k");
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, LUA_REGISTRYINDEX, OWNED_KEY);
+  }
+  lua_pushvalue(L, idx);
+  lua_pushboolean(L, 1);
+  lua_rawset(L, -3);
+  lua_pop(L, 1);
 }
 
 static void array_release(lua_State *L, Array *a) {
@@ -165,6 +191,21 @@ static void array_release(lua_State *L, Array *a) {
 static int array_gc(lua_State *L) {
   array_release(L, toarray(L, 1));
   return 0;
+}
+
+void mp_array_exit(lua_State *L) {
+  pid_t self = getpid();
+  if (lua_getfield(L, LUA_REGISTRYINDEX, OWNED_KEY) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    return;
+  }
+  lua_pushnil(L);
+  while (lua_next(L, -2)) {
+    Array *a = (Array *)lua_touserdata(L, -2);
+    if (a->data && a->seg.base && a->refpid == self) array_release(L, a);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
 }
 
 /* ------------------------------------------------------------------ */
@@ -304,7 +345,7 @@ static int new_array(lua_State *L) {
       return luaL_typeerror(L, 2, "size, table or string");
   }
   a = newarray(L, ct, n, 0);
-  if (shared) make_shared(L, a, mp_sharing_strategy(L));
+  if (shared) make_shared(L, -1, a, mp_sharing_strategy(L));
   else alloc_private(L, a);
   if (lua_type(L, 2) == LUA_TTABLE) {
     for (i = 0; i < n; i++) {
@@ -323,7 +364,7 @@ static int new_value(lua_State *L) {
   int ct = check_ctype(L, 1);
   int shared = opt_shared(L, 3);
   Array *a = newarray(L, ct, 1, 1);
-  if (shared) make_shared(L, a, mp_sharing_strategy(L));
+  if (shared) make_shared(L, -1, a, mp_sharing_strategy(L));
   else alloc_private(L, a);
   if (!lua_isnoneornil(L, 2)) set_elem(L, a, 0, 2, "Value");
   return 1;
@@ -419,7 +460,7 @@ static int m_copy(lua_State *L) {
 
 static int m_share_memory(lua_State *L) {
   Array *a = checkarray(L, 1);
-  if (!a->seg.base) make_shared(L, a, mp_sharing_strategy(L));
+  if (!a->seg.base) make_shared(L, 1, a, mp_sharing_strategy(L));
   lua_settop(L, 1);
   return 1;
 }
@@ -512,6 +553,22 @@ typedef struct Wire {
   uint64_t n;
 } Wire;
 
+/* A broadcast is decoded by receivers that give nothing back (fresh
+** workers that _exit), so its one reference is held by the sender's box:
+** an Array of its own on the same name, closed when the box is (the
+** context settles), so 'a' may be closed by its user meanwhile. */
+static void hold_name(lua_State *L, Array *a, mp_Writer *w) {
+  Array *pin = newarray(L, a->ct, a->n, a->isvalue);
+  if (mp_seg_from_name(L, &pin->seg, a->seg.name, a->seg.size) != 0)
+    lua_error(L);
+  pin->data = pin->seg.base + HDR_SIZE;
+  pin->refpid = getpid();
+  pin->seg.trkid = a->seg.trkid;
+  pin->seg.trkslot = a->seg.trkslot;
+  __atomic_add_fetch(&hdr_of(pin)->refs, 1, __ATOMIC_ACQ_REL);
+  mp_write_hold(L, w);
+}
+
 static void array_encode(lua_State *L, int idx, mp_Writer *w) {
   Array *a = toarray(L, idx);
   Wire wi;
@@ -528,9 +585,13 @@ static void array_encode(lua_State *L, int idx, mp_Writer *w) {
     mp_write_fd(L, w, a->seg.fd);
   } else {
     mp_write_bytes(L, w, a->seg.name, MP_SHM_NAMELEN);
-    /* the receiver's reference, taken now: the name must outlive the
-    ** message even if this array is closed before it is received */
-    __atomic_add_fetch(&hdr_of(a)->refs, 1, __ATOMIC_ACQ_REL);
+    if (mp_write_flags(w) & MP_CODEC_BROADCAST) {
+      hold_name(L, a, w);
+    } else {
+      /* the receiver's reference, taken now: the name must outlive the
+      ** message even if this array is closed before it is received */
+      __atomic_add_fetch(&hdr_of(a)->refs, 1, __ATOMIC_ACQ_REL);
+    }
   }
 }
 
@@ -563,7 +624,10 @@ static void array_decode(lua_State *L, mp_Reader *r) {
   }
   if (e != 0) lua_error(L);
   a->data = a->seg.base + HDR_SIZE;
-  a->refpid = getpid();     /* file_system: the message's reference is ours */
+  /* file_system: the message's reference is ours, but a broadcast's stays
+  ** with its sender (0: a pid nobody has) */
+  a->refpid = (mp_read_flags(r) & MP_CODEC_BROADCAST) ? 0 : getpid();
+  if (wi.how == 'N' && a->refpid != 0) own_reference(L, -1);
   a->seg.trkid = hdr_of(a)->trkid;
   a->seg.trkslot = hdr_of(a)->trkslot;
   if (hdr_of(a)->magic != ARR_MAGIC || hdr_of(a)->ctype != wi.ct ||

@@ -688,9 +688,11 @@ static const mp_CodecType *find_type (lua_State *L, int u) {
   return type;
 }
 
-/* The box keeps alive the userdata whose descriptors it borrows. */
-static void keep_alive (Enc *e, int u) {
+/* The box keeps alive the userdata whose descriptors it borrows (marked
+** true) and the objects that hold references for it (marked "held"). */
+static void keep_alive_as (Enc *e, int u, int held) {
   lua_State *L = e->L;
+  u = lua_absindex(L, u);
   if (lua_getiuservalue(L, e->box_idx, 1) == LUA_TNIL) {
     lua_pop(L, 1);
     lua_newtable(L);
@@ -698,9 +700,14 @@ static void keep_alive (Enc *e, int u) {
     lua_setiuservalue(L, e->box_idx, 1);
   }
   lua_pushvalue(L, u);
-  lua_pushboolean(L, 1);
+  if (held) lua_pushliteral(L, "held");
+  else lua_pushboolean(L, 1);
   lua_rawset(L, -3);
   lua_pop(L, 1);
+}
+
+static void keep_alive (Enc *e, int u) {
+  keep_alive_as(e, u, 0);
 }
 
 static void encode_userdata (Enc *e, int u, const Step *at) {
@@ -784,6 +791,37 @@ void mp_write_bytes (lua_State *L, mp_Writer *w, const void *p, size_t n) {
 
 void mp_write_fd (lua_State *L, mp_Writer *w, int fd) {
   box_add_fd(L, w->box, fd);
+}
+
+void mp_write_hold (lua_State *L, mp_Writer *w) {
+  keep_alive_as(w, -1, 1);
+  lua_pop(L, 1);
+}
+
+int mp_write_flags (const mp_Writer *w) {
+  return w->flags;
+}
+
+void mp_encoded_close (lua_State *L, int box) {
+  box = lua_absindex(L, box);
+  box_free((Box *)luaL_checkudata(L, box, BOX_T));
+  if (lua_getiuservalue(L, box, 1) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    return;
+  }
+  lua_pushnil(L);
+  while (lua_next(L, -2)) {
+    if (lua_type(L, -1) == LUA_TSTRING) {  /* "held": ours to close */
+      if (luaL_getmetafield(L, -2, "__close") != LUA_TNIL) {
+        lua_pushvalue(L, -3);
+        lua_call(L, 1, 0);
+      }
+    }
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  lua_pushnil(L);
+  lua_setiuservalue(L, box, 1);
 }
 
 /* }================================================================== */
@@ -1175,6 +1213,10 @@ int mp_decode (lua_State *L, const char *data, size_t size, int flags,
 const char *mp_read_bytes (lua_State *L, mp_Reader *r, size_t n) {
   (void)L;  /* r->L: a reader lives within one mp_decode */
   return get_bytes(r, n, "%s bytes of a userdata");
+}
+
+int mp_read_flags (const mp_Reader *r) {
+  return r->flags;
 }
 
 int mp_read_fd (lua_State *L, mp_Reader *r) {

@@ -17,6 +17,12 @@
 /* flags for mp_encode / mp_decode */
 #define MP_CODEC_DATA       0  /* data only: functions only by module reference */
 #define MP_CODEC_FUNCTIONS  1  /* Lua functions as bytecode with their upvalues */
+/* One encoding decoded by many receivers that never give anything back (the
+** payload of fresh workers).  A reference that a type takes for its receiver
+** (a file_system name) is taken once and held by the box (mp_write_hold)
+** until the sender closes it; a decoded object takes no reference of its
+** own.  Give the flag to both mp_encode and mp_decode. */
+#define MP_CODEC_BROADCAST  2
 
 /* The encoded form of one value: bytes plus the descriptors that must
 ** travel beside them (shared memory, sockets).  The descriptors are borrowed
@@ -48,6 +54,10 @@ void mp_encode(lua_State *L, int first, int n, int flags,
 int mp_decode(lua_State *L, const char *data, size_t size, int flags,
               int *fds, size_t nfds);
 
+/* Frees the encoding of the box at 'box' now (not at its collection) and
+** closes (__close) the objects held with mp_write_hold.  Idempotent. */
+void mp_encoded_close(lua_State *L, int box);
+
 /* --- extension: userdata types that know how to cross a process boundary.
 ** A type registers a mp_CodecType for its metatable name; the encoder calls
 ** 'encode' with the userdata at 'idx' and a writer, the decoder calls
@@ -71,7 +81,12 @@ void mp_codec_register(lua_State *L, const mp_CodecType *type);
 
 void mp_write_bytes(lua_State *L, mp_Writer *w, const void *p, size_t n);
 void mp_write_fd(lua_State *L, mp_Writer *w, int fd);     /* borrowed */
+/* Pops the value at the top: an object that holds a reference on behalf of
+** the encoding; the box keeps it and mp_encoded_close closes it. */
+void mp_write_hold(lua_State *L, mp_Writer *w);
+int mp_write_flags(const mp_Writer *w);   /* mp_encode's flags */
 const char *mp_read_bytes(lua_State *L, mp_Reader *r, size_t n);
 int mp_read_fd(lua_State *L, mp_Reader *r);  /* takes ownership; raises if none */
+int mp_read_flags(const mp_Reader *r);    /* mp_decode's flags */
 
 #endif

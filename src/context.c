@@ -5,7 +5,9 @@
 ** A ProcessContext owns its workers and its report file: join, close,
 ** __close and __gc all end with every worker reaped and the file closed.
 ** Its uservalue is a table: processes (the Process handles), results (after
-** a successful join), failure (the exception or error that ended it).
+** a successful join), failure (the exception or error that ended it),
+** payload (spawn, forkserver: the workers' encoded fn and args, holding the
+** file_system references they need until the context ends).
 ** A Process handle keeps its context alive through its own uservalue.
 */
 #include <errno.h>
@@ -103,7 +105,7 @@ static mp_Context *new_context(lua_State *L, const mp_StartMethod *method,
   ctx->daemon = daemon;
   ctx->closed = 1;  /* nothing to clean until the report file exists */
   ctx->method = method;
-  ctx->reports.fd = -1;
+  ctx->reports.fd = ctx->reports.sock = ctx->reports.peer = -1;
   for (i = 0; i < nprocs; i++) ctx->workers[i].pidfd = -1;
   luaL_setmetatable(L, MP_CONTEXT_T);
   lua_createtable(L, 0, 3);
@@ -127,13 +129,15 @@ static int start(lua_State *L, const mp_StartMethod *method, int nprocs,
     return luaL_error(L, "cannot create the workers' report file: %s",
                       strerror(err));
   ctx->closed = 0;
-  if (method->start(L, ctx, 1, 2) != 0) {
+  if (method->start(L, ctx, ctxidx, 1, 2) != 0) {
     int started = ctx->started;
     mp_context_close(ctx, 0);
+    mp_payload_release(L, ctxidx);
     return luaL_error(L, "cannot start %d processes with start method \"%s\" "
                          "(%d started, now terminated): %s", nprocs,
                       method->name, started, lua_tostring(L, -1));
   }
+  mp_reports_started(&ctx->reports);  /* the workers hold their end */
   lua_settop(L, ctxidx);
   if (!join) return 1;
   mp_join(L, ctxidx, -1, MP_DEFAULT_GRACE, 0);
@@ -222,11 +226,13 @@ static int ctx_results(lua_State *L) {
 static int ctx_close(lua_State *L) {
   mp_Context *ctx = mp_checkcontext(L, 1);
   mp_context_close(ctx, check_seconds(L, 2, MP_DEFAULT_GRACE));
+  mp_payload_release(L, 1);
   return 0;
 }
 
 static int ctx_gc(lua_State *L) {
   mp_context_close(mp_checkcontext(L, 1), MP_DEFAULT_GRACE);
+  mp_payload_release(L, 1);
   return 0;
 }
 

@@ -5,7 +5,8 @@
 ** when it has died), runs the worker executable with nothing but the core
 ** loaded.  For each context the parent sends ONE request over a
 ** SOCK_SEQPACKET socketpair: a header and, as SCM_RIGHTS, the payload
-** memfd (payload.c), the reports memfd and the codec's descriptors.  The
+** memfd (payload.c), the reports memfd, the workers' end of the reports'
+** socket and the codec's descriptors.  The
 ** server decodes the payload once, in a fresh lua_State that it closes
 ** afterwards (so the server stays clean however many modules a request
 ** loads), then creates each worker with clone3(CLONE_PARENT | CLONE_PIDFD):
@@ -49,6 +50,7 @@
 #define SERVER_T   "multiprocessing.ForkServer"
 #define REQ_MAGIC  0x4c4d5046u
 #define MAXFDS     253    /* what one SCM_RIGHTS message may carry */
+#define NFIXED     3      /* payload, reports, reports' socket */
 
 LUAMOD_API int luaopen_multiprocessing_core(lua_State *L);
 
@@ -56,7 +58,7 @@ typedef struct Request {
   uint32_t magic;
   int32_t nprocs;
   int32_t parent;      /* the user process: the workers' parent */
-  uint32_t nfds;       /* payload, reports, then the codec's */
+  uint32_t nfds;       /* payload, reports, reports' socket, the codec's */
 } Request;
 
 typedef struct Reply {
@@ -205,7 +207,7 @@ static pid_t clone_worker(int *pidfd, const Robust *rb) {
 typedef struct Job {
   int sock;
   const Request *rq;
-  int *fds;            /* payload, reports, codec... */
+  int *fds;            /* payload, reports, reports' socket, codec... */
   size_t nfds;
   const Robust *rb;
 } Job;
@@ -215,6 +217,7 @@ static void worker_child(lua_State *sub, const Job *job, int rank)
     __attribute__((noreturn));
 static void worker_child(lua_State *sub, const Job *job, int rank) {
   const Robust *rb = job->rb;
+  mp_ReportTo to;
   if (rb->head != NULL) {
     /* As glibc's fork does: the child owns none of the server's mutexes
     ** (the server holds, e.g., its peer slots of the channels it decoded),
@@ -229,7 +232,9 @@ static void worker_child(lua_State *sub, const Job *job, int rank) {
   close(job->sock);
   close(job->fds[0]);
   mp_worker_detach((pid_t)job->rq->parent);  /* our parent is the user's */
-  mp_worker_run(sub, 1, 2, rank, job->fds[1]);
+  to.fd = job->fds[1];
+  to.sock = job->fds[2];
+  mp_worker_run(sub, 1, 2, rank, &to);
 }
 
 /* Protected, in the request's own state: the payload -> fn, args. */
@@ -239,7 +244,7 @@ static int prepare(lua_State *L) {
   luaL_openlibs(L);
   luaL_requiref(L, "multiprocessing.core", luaopen_multiprocessing_core, 0);
   lua_pop(L, 1);
-  mp_payload_load(L, job->fds[0], job->fds + 2, job->nfds - 2);
+  mp_payload_load(L, job->fds[0], job->fds + NFIXED, job->nfds - NFIXED);
   return 2;
 }
 
@@ -281,7 +286,7 @@ static void serve(const Job *job) {
 
 static int valid_request(const Request *rq, ssize_t r, size_t nfds) {
   return r == (ssize_t)sizeof *rq && rq->magic == REQ_MAGIC &&
-         rq->nprocs > 0 && rq->nfds >= 2 && rq->nfds == nfds;
+         rq->nprocs > 0 && rq->nfds >= NFIXED && rq->nfds == nfds;
 }
 
 /* _forkserver_main(sock, parent_pid): the server's loop; never returns. */
@@ -433,11 +438,41 @@ static int send_request(Server *s, mp_Context *ctx, const mp_Payload *p) {
   rq.magic = REQ_MAGIC;
   rq.nprocs = ctx->nprocs;
   rq.parent = (int32_t)getpid();
-  rq.nfds = (uint32_t)(2 + p->nfds);
+  rq.nfds = (uint32_t)(NFIXED + p->nfds);
   fds[0] = p->fd;
   fds[1] = ctx->reports.fd;
-  for (i = 0; i < p->nfds; i++) fds[2 + i] = p->fds[i];
+  fds[2] = ctx->reports.peer;
+  for (i = 0; i < p->nfds; i++) fds[NFIXED + i] = p->fds[i];
   return send_msg(s->sock, &rq, sizeof rq, fds, rq.nfds);
+}
+
+/* The pidfd of worker 'rank' did not fit (we are out of descriptors): it
+** and every worker the server starts after it are killed and reaped by pid
+** (they are our children), so that none is left behind. */
+static int lost_pidfd(lua_State *L, mp_Context *ctx, Server *s, int rank,
+                      pid_t pid) {
+  int i = rank;
+  for (;;) {
+    mp_Worker *w = &ctx->workers[i];
+    Reply r;
+    int fd = -1;
+    size_t nfds = 1;
+    ssize_t n;
+    w->pid = pid;
+    w->pidfd = -1;
+    ctx->started = i + 1;
+    mp_discard(w);
+    if (++i == ctx->nprocs) break;
+    memset(&r, 0, sizeof r);
+    n = recv_msg(s->sock, &r, sizeof r, &fd, &nfds);
+    if (nfds == 1) close(fd);
+    if ((n != (ssize_t)sizeof r && n != -EMSGSIZE) || r.rank != i ||
+        r.pid <= 0)
+      break;
+    pid = (pid_t)r.pid;
+  }
+  return mp_push_errno(L, lua_pushfstring(L, "cannot receive the pidfd of "
+                       "process %d from the forkserver", rank), EMFILE);
 }
 
 /* Records each worker as its reply comes.  A server that stops answering
@@ -449,7 +484,11 @@ static int read_replies(lua_State *L, mp_Context *ctx, Server *s) {
     Reply r;
     int fd = -1;
     size_t nfds = 1;
-    ssize_t n = recv_msg(s->sock, &r, sizeof r, &fd, &nfds);
+    ssize_t n;
+    memset(&r, 0, sizeof r);
+    n = recv_msg(s->sock, &r, sizeof r, &fd, &nfds);
+    if (n == -EMSGSIZE && r.rank == i && r.pid > 0 && r.err == 0)
+      return lost_pidfd(L, ctx, s, i, (pid_t)r.pid);
     if (n == (ssize_t)sizeof r && r.rank == i && r.err != 0 && nfds == 0) {
       lua_pushfstring(L, "the forkserver cannot start process %d: %s", i,
                       strerror(r.err));
@@ -479,15 +518,16 @@ static int read_replies(lua_State *L, mp_Context *ctx, Server *s) {
   return 0;
 }
 
-static int forkserver_start(lua_State *L, mp_Context *ctx, int fn, int args) {
-  mp_Payload *p = mp_payload_push(L, ctx, fn, args);
+static int forkserver_start(lua_State *L, mp_Context *ctx, int ctxidx,
+                            int fn, int args) {
+  mp_Payload *p = mp_payload_push(L, ctx, ctxidx, fn, args);
   int top = lua_gettop(L), si, ei, err, attempt;
   Server *s;
   mp_push_executable(L);
   ei = lua_gettop(L);
   s = push_server(L);
   si = lua_gettop(L);
-  if (p->nfds > MAXFDS - 2) {
+  if (p->nfds > MAXFDS - NFIXED) {
     mp_payload_close(p);
     return mp_push_errno(L, "the args carry too many descriptors for one "
                             "message to the forkserver", E2BIG);
@@ -498,6 +538,9 @@ static int forkserver_start(lua_State *L, mp_Context *ctx, int fn, int args) {
     if (err != 0) break;
     err = send_request(s, ctx, p);
     if (err == 0) {
+      /* the server holds the workers' end now: one descriptor less while
+      ** the pidfds come */
+      mp_reports_started(&ctx->reports);
       err = read_replies(L, ctx, s);
       break;
     }

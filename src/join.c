@@ -146,10 +146,13 @@ typedef enum { WOKE_EXIT, WOKE_TIMEOUT, WOKE_INTERRUPT } Wake;
 /* Sleeps until a running worker exits, 'deadline' passes or SIGINT comes
 ** ('in' may be NULL: not interruptible), and reaps the workers whose pidfd
 ** became readable: only those, so a wake-up costs a syscall per exit, not
-** one per worker. */
+** one per worker.  Descriptors that workers send with their reports are
+** taken in meanwhile, so that a worker never waits for room in the socket
+** while we wait for it. */
 static Wake wait_any(mp_Context *ctx, double deadline, Interrupt *in) {
-  struct pollfd *fds = malloc(sizeof *fds * ((size_t)ctx->nprocs + 1));
-  mp_Worker **who = malloc(sizeof *who * ((size_t)ctx->nprocs + 1));
+  struct pollfd *fds = malloc(sizeof *fds * ((size_t)ctx->nprocs + 2));
+  mp_Worker **who = malloc(sizeof *who * ((size_t)ctx->nprocs + 2));
+  nfds_t sockat = (nfds_t)-1;
   nfds_t n = 0, k;
   int i, r;
   Wake wake = WOKE_EXIT;
@@ -169,12 +172,24 @@ static Wake wait_any(mp_Context *ctx, double deadline, Interrupt *in) {
     fds[n].fd = in->fd;
     fds[n++].events = POLLIN;
   }
+  if (ctx->reports.sock >= 0 && !ctx->reports.eof) {
+    who[n] = NULL;
+    sockat = n;
+    fds[n].fd = ctx->reports.sock;
+    fds[n++].events = POLLIN;
+  }
   for (;;) {
     double left = deadline - mp_now();
     int ms = isinf(deadline) ? -1
            : left <= 0 ? 0
            : left > INT_MAX / 1000 ? INT_MAX : (int)ceil(left * 1000);
     r = poll(fds, n, ms);
+    if (r > 0 && sockat != (nfds_t)-1 && fds[sockat].revents != 0) {
+      mp_reports_drain(&ctx->reports);
+      if (ctx->reports.eof || (fds[sockat].revents & (POLLERR | POLLNVAL)))
+        fds[sockat].fd = -1;  /* poll skips it from now on */
+      if (--r == 0) continue;
+    }
     if (r > 0 || (r < 0 && errno != EINTR)) break;
     if (r == 0) {
       wake = WOKE_TIMEOUT;
@@ -267,23 +282,22 @@ static void push_global_hint(lua_State *L, const mp_Context *ctx,
   lua_remove(L, -2);
 }
 
-/* Decodes a worker's report into the fields table at the top: msg, value. */
+/* Protected: decodes the mp_Report (light userdata at 1), whose
+** descriptors go to the objects that carry them. */
 static int decode_report(lua_State *L) {
-  const char *data = lua_touserdata(L, 1);
-  size_t size = (size_t)lua_tointeger(L, 2);
-  mp_decode(L, data, size, MP_CODEC_DATA, NULL, 0);
+  mp_Report *rep = lua_touserdata(L, 1);
+  mp_decode(L, rep->data, rep->size, MP_CODEC_DATA, rep->fds, rep->nfds);
   return 1;
 }
 
 static void raised_fields(lua_State *L, const mp_Context *ctx, int rank,
-                          char *data, size_t size) {
+                          mp_Report *rep) {
   int fields = lua_gettop(L);
   lua_pushfstring(L, "\n\n-- Process %d terminated with the following "
                      "error:\n", rank);
   lua_pushcfunction(L, decode_report);
-  lua_pushlightuserdata(L, data);
-  lua_pushinteger(L, (lua_Integer)size);
-  if (lua_pcall(L, 2, 1, 0) == LUA_OK && lua_istable(L, -1)) {
+  lua_pushlightuserdata(L, rep);
+  if (lua_pcall(L, 1, 1, 0) == LUA_OK && lua_istable(L, -1)) {
     lua_getfield(L, -1, "value");
     lua_setfield(L, fields, "value");
     if (lua_getfield(L, -1, "text") != LUA_TSTRING) {
@@ -327,8 +341,8 @@ static void exited_message(lua_State *L, int rank, int code) {
 /* Pushes the exception for worker 'rank' (which failed). */
 static void push_exception(lua_State *L, mp_Context *ctx, int rank) {
   const mp_Worker *w = &ctx->workers[rank];
-  size_t size;
-  char *report = mp_reports_take(&ctx->reports, rank, MP_REPORT_ERROR, &size);
+  mp_Report rep;
+  int got = mp_reports_take(&ctx->reports, rank, MP_REPORT_ERROR, &rep);
   lua_createtable(L, 0, 8);
   lua_pushinteger(L, rank);
   lua_setfield(L, -2, "error_index");
@@ -340,9 +354,14 @@ static void push_exception(lua_State *L, mp_Context *ctx, int rank) {
     lua_pushinteger(L, w->exitcode);
     lua_setfield(L, -2, "exit_code");
   }
-  if (report != NULL) {
-    raised_fields(L, ctx, rank, report, size);
-    free(report);
+  if (got < 0) {
+    lua_pushfstring(L, "process %d failed, and its error report could not be "
+                       "read: %s", rank, strerror(-got));
+    lua_setfield(L, -2, "msg");
+    mp_exception_new(L, MP_EXC_RAISED, -1);
+  } else if (got > 0) {
+    raised_fields(L, ctx, rank, &rep);
+    mp_report_free(&rep);
     mp_exception_new(L, MP_EXC_RAISED, -1);
   } else {
     exited_message(L, rank, w->exitcode);
@@ -373,12 +392,6 @@ static void push_failure(lua_State *L, mp_Context *ctx, int first) {
 
 /* --- results ------------------------------------------------------------- */
 
-static int decode_result(lua_State *L) {
-  mp_decode(L, lua_touserdata(L, 1), (size_t)lua_tointeger(L, 2),
-            MP_CODEC_DATA, NULL, 0);
-  return 1;
-}
-
 /* Reads every result into uv.results; on a bad report, the error. */
 static int read_results(lua_State *L, mp_Context *ctx, int uv) {
   int i, status = LUA_OK;
@@ -386,14 +399,18 @@ static int read_results(lua_State *L, mp_Context *ctx, int uv) {
   lua_pushinteger(L, ctx->nprocs);
   lua_setfield(L, -2, "n");
   for (i = 0; i < ctx->nprocs; i++) {
-    size_t size;
-    char *data = mp_reports_take(&ctx->reports, i, MP_REPORT_RESULT, &size);
-    if (data == NULL) continue;
-    lua_pushcfunction(L, decode_result);
-    lua_pushlightuserdata(L, data);
-    lua_pushinteger(L, (lua_Integer)size);
-    status = lua_pcall(L, 2, 1, 0);
-    free(data);
+    mp_Report rep;
+    int got = mp_reports_take(&ctx->reports, i, MP_REPORT_RESULT, &rep);
+    if (got == 0) continue;
+    if (got < 0) {
+      lua_pushfstring(L, "the result of process %d could not be read: %s", i,
+                      strerror(-got));
+      return LUA_ERRRUN;
+    }
+    lua_pushcfunction(L, decode_report);
+    lua_pushlightuserdata(L, &rep);
+    status = lua_pcall(L, 1, 1, 0);
+    mp_report_free(&rep);
     if (status != LUA_OK) return status;
     lua_rawseti(L, -2, i + 1);
   }
@@ -413,6 +430,7 @@ static void settle(lua_State *L, mp_Context *ctx, int ctxidx) {
   lua_pop(L, 1);
   mp_reports_close(&ctx->reports);
   ctx->closed = 1;
+  mp_payload_release(L, ctxidx);
 }
 
 static int raise_failure(lua_State *L, int ctxidx) {

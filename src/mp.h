@@ -6,7 +6,8 @@
 **   context.c      ProcessContext and Process userdata, start_processes/spawn
 **   join.c         waiting for workers, terminating them, collecting failures
 **   exception.c    the exception types and isinstance
-**   reports.c      the memfd where workers leave error reports and results
+**   reports.c      the memfd where workers leave error reports and results,
+**                  and the socket their descriptors come through
 **   worker.c       the child side: run fn(i, ...), report, leave with _exit
 **   start_fork.c   the "fork" start method
 **   start_spawn.c  the "spawn" start method (fresh interpreter)
@@ -38,20 +39,49 @@ typedef struct mp_Worker {
 } mp_Worker;
 
 /* --- the workers' reports: errors and results (reports.c) --- */
+typedef struct mp_Stashed { int rank, fd; } mp_Stashed;
+
 typedef struct mp_Reports {
   int fd;                 /* a memfd, -1 once closed */
+  int sock;               /* our end of the descriptors' socket, or -1 */
+  int peer;               /* the workers' end, -1 once they all have it */
+  int eof;                /* every worker's end is closed: stop polling */
+  mp_Stashed *stash;      /* descriptors that came, until their report is
+                             taken (fd -1: some were truncated) */
+  size_t nstash, capstash;
 } mp_Reports;
+
+/* Where a worker reports to: the memfd and its end of the socket. */
+typedef struct mp_ReportTo { int fd, sock; } mp_ReportTo;
 
 #define MP_REPORT_ERROR   1
 #define MP_REPORT_RESULT  2
 
+/* A report taken by the parent: the bytes (malloc'd) and the descriptors
+** that came with them (malloc'd; a decoder sets the ones it takes to -1). */
+typedef struct mp_Report {
+  char *data;
+  size_t size;
+  int *fds;
+  size_t nfds;
+} mp_Report;
+
 int  mp_reports_create(mp_Reports *r);           /* 0 or errno */
+/* Every worker has started: the workers' end of the socket is theirs. */
+void mp_reports_started(mp_Reports *r);
 void mp_reports_close(mp_Reports *r);            /* idempotent */
-/* Reads a worker's report of 'kind' (malloc'd; NULL when there is none) and
-** releases its slot. */
-char *mp_reports_take(mp_Reports *r, int rank, int kind, size_t *size);
-/* Worker side: writes its report; 0 or errno. */
-int  mp_reports_put(int fd, int rank, int kind, const char *data, size_t size);
+/* Moves the descriptors waiting in the socket to the stash, without
+** blocking; a worker sending many waits for this (join polls the socket). */
+void mp_reports_drain(mp_Reports *r);
+/* Reads a worker's report of 'kind' and releases its slot: 1 when there is
+** one, 0 when not, or -errno (its descriptors are missing or truncated:
+** EPROTO, or out of memory). */
+int  mp_reports_take(mp_Reports *r, int rank, int kind, mp_Report *out);
+void mp_report_free(mp_Report *rep);   /* closes the descriptors left */
+/* Worker side: sends the report's descriptors, then writes it; 0 or errno. */
+int  mp_reports_put(const mp_ReportTo *to, int rank, int kind,
+                    const char *data, size_t size, const int *fds,
+                    size_t nfds);
 
 /* --- a context: the workers of one start_processes call --- */
 typedef struct mp_StartMethod mp_StartMethod;
@@ -66,14 +96,15 @@ typedef struct mp_Context {
   mp_Worker workers[1];   /* nprocs of them */
 } mp_Context;
 
-/* A start method starts workers 0..nprocs-1 of 'ctx', each running the
-** function at stack index 'fn' with the argument table at 'args'.  It records
+/* A start method starts workers 0..nprocs-1 of 'ctx' (at stack index
+** 'ctxidx'), each running the function at stack index 'fn' with the argument
+** table at 'args'.  It records
 ** each worker in ctx->workers[i] and ctx->started as it goes; on failure it
 ** returns an errno-style code with a message pushed, and the caller
 ** terminates and reaps the ones already started. */
 struct mp_StartMethod {
   const char *name;
-  int (*start)(lua_State *L, mp_Context *ctx, int fn, int args);
+  int (*start)(lua_State *L, mp_Context *ctx, int ctxidx, int fn, int args);
 };
 
 extern const mp_StartMethod mp_start_fork;
@@ -112,7 +143,8 @@ void mp_exception_new(lua_State *L, const char *tname, int fields);
 ** (exits at once if the parent is already gone), resets SIGINT/SIGTERM. */
 void mp_worker_detach(pid_t parent);
 /* Runs fn(rank, table.unpack(args)), reports, and never returns. */
-void mp_worker_run(lua_State *L, int fn, int args, int rank, int reportfd)
+void mp_worker_run(lua_State *L, int fn, int args, int rank,
+                   const mp_ReportTo *to)
     __attribute__((noreturn));
 
 /* signames.c */
@@ -148,15 +180,22 @@ void mp_open_executable(lua_State *L);
 
 /* payload.c: what a fresh worker needs (fn, args, the environment), encoded
 ** once per context into a sealed memfd.  mp_payload_push pushes its holder
-** (a userdata owning 'fd' and keeping the codec's 'fds' alive); when fn or
-** args cannot be sent it closes the context and raises the codec's error. */
+** (a userdata owning 'fd' and keeping the codec's 'fds' alive) and keeps it
+** in the context's uservalue (field payload): the encoding holds the
+** references its receivers need (MP_CODEC_BROADCAST) until the context
+** ends, when mp_payload_release drops them.  When fn or args cannot be
+** sent it closes the context and raises the codec's error. */
 typedef struct mp_Payload {
   int fd;
   const int *fds;
   size_t nfds;
 } mp_Payload;
-mp_Payload *mp_payload_push(lua_State *L, mp_Context *ctx, int fn, int args);
+mp_Payload *mp_payload_push(lua_State *L, mp_Context *ctx, int ctxidx,
+                            int fn, int args);
 void mp_payload_close(mp_Payload *p);
+/* The context at 'ctxidx' has ended: its payload and the references it
+** holds go now, not at the next collection.  Idempotent. */
+void mp_payload_release(lua_State *L, int ctxidx);
 /* In the worker: applies the environment of the payload at 'fd' and pushes
 ** fn and args; 'fds' are the codec's descriptors (a decoded object takes
 ** its own, the others are closed).  A failure becomes a function that

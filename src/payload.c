@@ -204,7 +204,7 @@ static int build(lua_State *L) {
     lua_setfield(L, -2, "__gc");
   }
   lua_setmetatable(L, -2);
-  mp_encode(L, 1, 2, MP_CODEC_FUNCTIONS, names, TO, &m);
+  mp_encode(L, 1, 2, MP_CODEC_FUNCTIONS | MP_CODEC_BROADCAST, names, TO, &m);
   lua_pushvalue(L, -1);
   lua_setiuservalue(L, 4, 1);  /* the box lends its descriptors */
   h->p.fds = m.fds;
@@ -223,7 +223,9 @@ static int build(lua_State *L) {
   return 1;
 }
 
-mp_Payload *mp_payload_push(lua_State *L, mp_Context *ctx, int fn, int args) {
+mp_Payload *mp_payload_push(lua_State *L, mp_Context *ctx, int ctxidx,
+                            int fn, int args) {
+  ctxidx = lua_absindex(L, ctxidx);
   fn = lua_absindex(L, fn);
   args = lua_absindex(L, args);
   lua_pushcfunction(L, build);
@@ -235,7 +237,29 @@ mp_Payload *mp_payload_push(lua_State *L, mp_Context *ctx, int fn, int args) {
     mp_context_close(ctx, 0);
     lua_error(L);
   }
+  lua_getiuservalue(L, ctxidx, 1);
+  lua_pushvalue(L, -2);
+  lua_setfield(L, -2, "payload");
+  lua_pop(L, 1);
   return &((Holder *)lua_touserdata(L, -1))->p;
+}
+
+void mp_payload_release(lua_State *L, int ctxidx) {
+  ctxidx = lua_absindex(L, ctxidx);
+  if (lua_getiuservalue(L, ctxidx, 1) != LUA_TTABLE) {
+    lua_pop(L, 1);
+    return;
+  }
+  if (lua_getfield(L, -1, "payload") == LUA_TUSERDATA) {
+    mp_payload_close(&((Holder *)lua_touserdata(L, -1))->p);
+    if (lua_getiuservalue(L, -1, 1) == LUA_TUSERDATA)
+      mp_encoded_close(L, -1);  /* the held references go */
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  lua_pushnil(L);
+  lua_setfield(L, -2, "payload");
+  lua_pop(L, 1);
 }
 
 /* --- the worker's side --------------------------------------------------- */
@@ -298,7 +322,8 @@ static int load(lua_State *L) {
     return luaL_error(L, "bad payload: no environment");
   apply_environment(L, 2);
   lua_settop(L, 1);
-  if (mp_decode(L, ld->main, ld->main_size, MP_CODEC_FUNCTIONS, ld->fds,
+  if (mp_decode(L, ld->main, ld->main_size,
+                MP_CODEC_FUNCTIONS | MP_CODEC_BROADCAST, ld->fds,
                 ld->nfds) != 2 || !lua_isfunction(L, 2) || !lua_istable(L, 3))
     return luaL_error(L, "bad payload: no function and args");
   return 2;

@@ -8,6 +8,15 @@
 ** and block a dying worker, however long its traceback.  Unlike files in a
 ** directory (torch's error files), a memfd has no name: nobody can plant
 ** one, and nothing is left behind even when the parent is SIGKILLed.
+**
+** A report may carry descriptors (a shared array under file_descriptor, a
+** queue), which a file cannot hold.  They go first, through a SOCK_SEQPACKET
+** socketpair of the context: messages of a FdHeader (the worker's rank) and
+** up to MP_MAXFDS descriptors.  The parent moves them into a stash as they
+** come (join polls the socket, so a sender never waits long for room) and
+** hands a rank's last ones to the decoder of its report, whose header says
+** how many there are.  The parent holds the workers' end only until they
+** have all started.
 */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,25 +26,144 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <sys/socket.h>
+
 #include "mp.h"
+#include "sharing.h"
 
 #define SLOT_SIZE ((off_t)1 << 32)   /* a report may take up to 4 GiB */
+#define MAX_REPORT_FDS (1u << 20)    /* more than any process may hold */
 
 typedef struct Header {
   uint32_t kind;     /* 0: no report, else MP_REPORT_ERROR or _RESULT */
-  uint32_t pad;
+  uint32_t nfds;     /* descriptors sent through the socket before it */
   uint64_t size;
 } Header;
 
+typedef struct FdHeader {
+  int32_t rank;
+  uint32_t n;
+} FdHeader;
+
+static void close_fd(int *fd) {
+  if (*fd >= 0) close(*fd);
+  *fd = -1;
+}
+
 int mp_reports_create(mp_Reports *r) {
+  int sv[2];
+  r->sock = r->peer = -1;
+  r->eof = 0;
+  r->stash = NULL;
+  r->nstash = r->capstash = 0;
   r->fd = memfd_create("lua-multiprocessing-reports", MFD_CLOEXEC);
-  return r->fd < 0 ? errno : 0;
+  if (r->fd < 0) return errno;
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+    int err = errno;
+    close_fd(&r->fd);
+    return err;
+  }
+  r->sock = sv[0];
+  r->peer = sv[1];
+  return 0;
+}
+
+void mp_reports_started(mp_Reports *r) {
+  close_fd(&r->peer);
 }
 
 void mp_reports_close(mp_Reports *r) {
-  if (r->fd >= 0) close(r->fd);
-  r->fd = -1;
+  size_t i;
+  close_fd(&r->fd);
+  close_fd(&r->sock);
+  close_fd(&r->peer);
+  for (i = 0; i < r->nstash; i++) close_fd(&r->stash[i].fd);
+  free(r->stash);
+  r->stash = NULL;
+  r->nstash = r->capstash = 0;
 }
+
+/* --- descriptors --------------------------------------------------------- */
+
+static int stash_push(mp_Reports *r, int rank, int fd) {
+  if (r->nstash == r->capstash) {
+    size_t cap = r->capstash ? 2 * r->capstash : 16;
+    mp_Stashed *s = realloc(r->stash, cap * sizeof *s);
+    if (s == NULL) return ENOMEM;
+    r->stash = s;
+    r->capstash = cap;
+  }
+  r->stash[r->nstash].rank = rank;
+  r->stash[r->nstash++].fd = fd;
+  return 0;
+}
+
+void mp_reports_drain(mp_Reports *r) {
+  for (;;) {
+    FdHeader h;
+    int fds[MP_MAXFDS];
+    size_t n = 0, i;
+    ssize_t k;
+    if (r->sock < 0 || r->eof) return;
+    memset(&h, 0, sizeof h);
+    k = mp_recvfds(r->sock, &h, sizeof h, fds, MP_MAXFDS, &n, MSG_DONTWAIT);
+    if (k == 0) r->eof = 1;
+    if (k == -EPROTO) {      /* truncated: the report that needs them fails */
+      if (stash_push(r, h.rank, -1) != 0) return;
+      continue;
+    }
+    if (k <= 0) return;      /* EAGAIN: that was all */
+    for (i = 0; i < n; i++)
+      if (stash_push(r, h.rank, fds[i]) != 0) {
+        for (; i < n; i++) close(fds[i]);
+        return;
+      }
+  }
+}
+
+/* Moves the last 'n' descriptors of 'rank' from the stash into 'out', in
+** the order they came: a worker whose first report could not be written
+** sent its descriptors again with the next.  The worker has exited, so all
+** it sent is in the socket already. */
+static int stash_take(mp_Reports *r, int rank, size_t n, int *out) {
+  size_t i, j, first = r->nstash, got = 0;
+  mp_reports_drain(r);
+  for (i = r->nstash; i-- > 0 && got < n;)
+    if (r->stash[i].rank == rank) {
+      if (r->stash[i].fd < 0) return EPROTO;
+      first = i;
+      got++;
+    }
+  if (got < n) return EPROTO;
+  for (i = first, got = 0; i < r->nstash && got < n; i++)
+    if (r->stash[i].rank == rank) {
+      out[got++] = r->stash[i].fd;
+      r->stash[i].fd = -2;
+    }
+  for (i = j = 0; i < r->nstash; i++)
+    if (r->stash[i].fd != -2) r->stash[j++] = r->stash[i];
+  r->nstash = j;
+  return 0;
+}
+
+/* Sends 'fds' as messages of at most MP_MAXFDS. */
+static int send_fds(int sock, int rank, const int *fds, size_t nfds) {
+  while (nfds > 0) {
+    size_t n = nfds < MP_MAXFDS ? nfds : MP_MAXFDS;
+    FdHeader h;
+    ssize_t k;
+    h.rank = rank;
+    h.n = (uint32_t)n;
+    k = mp_sendfds(sock, &h, sizeof h, fds, n, 0);
+    if (k < 0) return (int)-k;
+    fds += n;
+    nfds -= n;
+  }
+  return 0;
+}
+
+/* --- the file ------------------------------------------------------------ */
+
 
 static int write_at(int fd, const void *p, size_t n, off_t at) {
   const char *s = p;
@@ -63,36 +191,61 @@ static int read_at(int fd, void *p, size_t n, off_t at) {
   return 0;
 }
 
-int mp_reports_put(int fd, int rank, int kind, const char *data, size_t size) {
+int mp_reports_put(const mp_ReportTo *to, int rank, int kind,
+                   const char *data, size_t size, const int *fds,
+                   size_t nfds) {
   off_t slot = (off_t)rank * SLOT_SIZE;
   Header h;
   int err;
-  if (size > (size_t)(SLOT_SIZE - (off_t)sizeof h)) return EFBIG;
-  err = write_at(fd, data, size, slot + (off_t)sizeof h);
+  if (size > (size_t)(SLOT_SIZE - (off_t)sizeof h) || nfds > UINT32_MAX)
+    return EFBIG;
+  if (nfds > 0 && (err = send_fds(to->sock, rank, fds, nfds)) != 0)
+    return err;
+  err = write_at(to->fd, data, size, slot + (off_t)sizeof h);
   if (err != 0) return err;
   memset(&h, 0, sizeof h);
   h.kind = (uint32_t)kind;
+  h.nfds = (uint32_t)nfds;
   h.size = size;
-  return write_at(fd, &h, sizeof h, slot);
+  return write_at(to->fd, &h, sizeof h, slot);
 }
 
-char *mp_reports_take(mp_Reports *r, int rank, int kind, size_t *size) {
+void mp_report_free(mp_Report *rep) {
+  size_t i;
+  for (i = 0; i < rep->nfds; i++) close_fd(&rep->fds[i]);
+  free(rep->fds);
+  free(rep->data);
+  memset(rep, 0, sizeof *rep);
+}
+
+int mp_reports_take(mp_Reports *r, int rank, int kind, mp_Report *out) {
   off_t slot = (off_t)rank * SLOT_SIZE;
   Header h;
-  char *data;
-  if (read_at(r->fd, &h, sizeof h, slot) != 0 || h.kind != (uint32_t)kind
-      || h.size > (uint64_t)(SLOT_SIZE - (off_t)sizeof h))
-    return NULL;
-  data = malloc((size_t)h.size + 1);
-  if (data == NULL) return NULL;
-  if (read_at(r->fd, data, (size_t)h.size, slot + (off_t)sizeof h) != 0) {
-    free(data);
-    return NULL;
-  }
+  int err = 0;
+  memset(out, 0, sizeof *out);
+  if (r->fd < 0 || read_at(r->fd, &h, sizeof h, slot) != 0 ||
+      h.kind != (uint32_t)kind ||
+      h.size > (uint64_t)(SLOT_SIZE - (off_t)sizeof h))
+    return 0;
+  out->data = malloc((size_t)h.size + 1);
+  out->fds = malloc(sizeof(int) * (h.nfds ? h.nfds : 1));
+  if (h.nfds > MAX_REPORT_FDS)
+    err = EPROTO;
+  else if (out->data == NULL || out->fds == NULL)
+    err = ENOMEM;
+  else if (read_at(r->fd, out->data, (size_t)h.size,
+                   slot + (off_t)sizeof h) != 0)
+    err = EIO;
+  else if (h.nfds > 0 && (err = stash_take(r, rank, h.nfds, out->fds)) == 0)
+    out->nfds = h.nfds;
   /* Read once: the slot's memory goes back to the system. */
   fallocate(r->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, slot,
             (off_t)sizeof h + (off_t)h.size);
-  data[h.size] = '\0';
-  *size = (size_t)h.size;
-  return data;
+  if (err != 0) {
+    mp_report_free(out);
+    return -err;
+  }
+  out->data[h.size] = '\0';
+  out->size = (size_t)h.size;
+  return 1;
 }

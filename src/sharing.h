@@ -52,6 +52,12 @@ int  mp_seg_from_name(lua_State *L, mp_Seg *s, const char *name, size_t size);
 void mp_seg_close(mp_Seg *s);
 /* Removes the name of a MP_SEG_NAME segment and tells the tracker. */
 void mp_seg_unlink(lua_State *L, mp_Seg *s);
+/* In a worker of 'job' (its parent): a tracker it starts keeps the names
+** it made while the job runs and they exist (see shm.c). */
+void mp_sharing_worker(lua_State *L, pid_t job);
+/* Before a worker's _exit: gives back the file_system references its
+** arrays hold (array.c), as their __gc would have. */
+void mp_array_exit(lua_State *L);
 
 /* fd passing over unix sockets.  At most MP_MAXFDS per message. */
 #define MP_MAXFDS 253

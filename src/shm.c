@@ -15,6 +15,9 @@
 **   sets a quit flag, seen within 0.1 s), the tracker unlinks every name
 **   still registered and exits.  Names are also unlinked (and removed from
 **   the table) as soon as their reference count drops to zero (array.c).
+**   A tracker started in a worker outlives the worker while the worker's
+**   parent runs and one of its names exists: its results and messages are
+**   opened by their receivers after it is gone.
 */
 #include <errno.h>
 #include <fcntl.h>
@@ -39,6 +42,7 @@
 #define STRATEGY_KEY "multiprocessing.sharing_strategy"
 #define TRACKER_T    "multiprocessing.Tracker"
 #define TRACKER_KEY  "multiprocessing.tracker"
+#define JOB_KEY      "multiprocessing.tracker.job"  /* a worker's parent */
 
 /* ------------------------------------------------------------------ */
 /* strategies                                                          */
@@ -117,24 +121,65 @@ static void tracker_unlink(const char *name) {
   unlink(path);
 }
 
+/* Waits 0.1 s for 'pid' to exit (pidfd 'pfd', or -1: kill(0) polling);
+** 1 when it has. */
+static int exited(int pfd, pid_t pid) {
+  struct timespec ts = {0, 100000000L};
+  if (pfd >= 0) {
+    struct pollfd p;
+    p.fd = pfd;
+    p.events = POLLIN;
+    return poll(&p, 1, 100) > 0;
+  }
+  if (kill(pid, 0) < 0 && errno == ESRCH) return 1;
+  nanosleep(&ts, NULL);
+  return 0;
+}
+
+static int pidfd_of(pid_t pid) {
+  return (int)syscall(SYS_pidfd_open, pid, 0);
+}
+
+/* Forgets the names that are gone (released by whoever held them last);
+** returns how many are left. */
+static size_t forget_gone(TrackTable *t) {
+  char path[MP_SHM_NAMELEN + 16];
+  size_t i, left = 0;
+  for (i = 0; i < TRACK_N; i++) {
+    TrackEnt *e = &t->ent[i];
+    size_t n;
+    if (__atomic_load_n(&e->state, __ATOMIC_ACQUIRE) != 2) continue;
+    n = strnlen(e->name, MP_SHM_NAMELEN - 1);
+    memcpy(path, "/dev/shm", 8);
+    memcpy(path + 8, e->name, n);
+    path[8 + n] = '\0';
+    if (access(path, F_OK) != 0 && errno == ENOENT)
+      __atomic_store_n(&e->state, 0, __ATOMIC_RELEASE);
+    else
+      left++;
+  }
+  return left;
+}
+
 /* The tracker: only system calls, so it is safe after fork() in a threaded
 ** host.  It watches its creator through a pidfd (poll) and checks the quit
-** flag every 0.1 s; then it unlinks every registered name. */
-static void tracker_main(TrackTable *t, pid_t parent) __attribute__((noreturn));
-static void tracker_main(TrackTable *t, pid_t parent) {
+** flag every 0.1 s; then it unlinks every registered name.  A worker's
+** tracker ('job' is the worker's parent) outlives the worker as long as
+** the job does and a name of the worker's is still there: a result or a
+** message the worker left may still have to be opened by its receiver,
+** whose reference keeps the name until it is released. */
+static void tracker_main(TrackTable *t, pid_t creator, pid_t job)
+    __attribute__((noreturn));
+static void tracker_main(TrackTable *t, pid_t creator, pid_t job) {
   size_t i;
-  int pfd = (int)syscall(SYS_pidfd_open, parent, 0);
-  while (!__atomic_load_n(&t->quit, __ATOMIC_ACQUIRE)) {
-    if (pfd >= 0) {
-      struct pollfd p;
-      p.fd = pfd;
-      p.events = POLLIN;
-      if (poll(&p, 1, 100) > 0) break;         /* the creator exited */
-    } else {
-      struct timespec ts = {0, 100000000L};
-      if (errno == ESRCH || kill(parent, 0) < 0) break;
-      nanosleep(&ts, NULL);
-    }
+  int pfd = pidfd_of(creator);
+  while (!__atomic_load_n(&t->quit, __ATOMIC_ACQUIRE) && !exited(pfd, creator))
+    ;
+  if (job > 0 && !__atomic_load_n(&t->quit, __ATOMIC_ACQUIRE)) {
+    int jfd = pidfd_of(job);
+    if (jfd >= 0 || errno != ESRCH)
+      while (forget_gone(t) > 0 && !exited(jfd, job))
+        ;
   }
   for (i = 0; i < TRACK_N; i++)
     if (__atomic_load_n(&t->ent[i].state, __ATOMIC_ACQUIRE) != 0) {
@@ -142,6 +187,11 @@ static void tracker_main(TrackTable *t, pid_t parent) {
       tracker_unlink(t->ent[i].name);
     }
   _exit(0);
+}
+
+void mp_sharing_worker(lua_State *L, pid_t job) {
+  lua_pushinteger(L, job);
+  lua_setfield(L, LUA_REGISTRYINDEX, JOB_KEY);
 }
 
 /* The owner's lua_State is closing: the tracker cleans up and leaves. */
@@ -175,9 +225,12 @@ static int random_bytes(void *p, size_t n) {
 
 static Tracker *get_tracker(lua_State *L) {
   Tracker *t;
-  pid_t parent = getpid(), pid;
+  pid_t parent = getpid(), pid, job;
   int st = 0;
   void *m;
+  lua_getfield(L, LUA_REGISTRYINDEX, JOB_KEY);
+  job = (pid_t)lua_tointeger(L, -1);
+  lua_pop(L, 1);
   if (lua_getfield(L, LUA_REGISTRYINDEX, TRACKER_KEY) == LUA_TUSERDATA) {
     t = (Tracker *)lua_touserdata(L, -1);
     lua_pop(L, 1);
@@ -210,7 +263,7 @@ static Tracker *get_tracker(lua_State *L) {
     if (gc != 0) _exit(gc < 0);
     setsid();                       /* Ctrl-C at the terminal spares it */
     close_range(0, ~0U, 0);         /* it holds no pipe or socket open */
-    tracker_main(t->t, parent);
+    tracker_main(t->t, parent, job);
   }
   while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {

@@ -28,10 +28,12 @@ static void wait_at_gate(int gate) {
   close(gate);
 }
 
-static int fork_start(lua_State *L, mp_Context *ctx, int fn, int args) {
+static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
+                      int args) {
   pid_t parent = getpid();
   int gate[2] = {-1, -1};
   int i, err = 0;
+  (void)ctxidx;  /* a fork keeps nothing: the child has it all */
   if (host_may_reap() && pipe2(gate, O_CLOEXEC) != 0)
     return mp_push_errno(L, "pipe", errno);
   /* Anything still buffered would otherwise be printed by every child. */
@@ -44,12 +46,15 @@ static int fork_start(lua_State *L, mp_Context *ctx, int fn, int args) {
       break;
     }
     if (pid == 0) {
+      mp_ReportTo to;
       mp_worker_detach(parent);
       if (gate[0] >= 0) {
         close(gate[1]);
         wait_at_gate(gate[0]);
       }
-      mp_worker_run(L, fn, args, i, ctx->reports.fd);
+      to.fd = ctx->reports.fd;
+      to.sock = ctx->reports.peer;
+      mp_worker_run(L, fn, args, i, &to);
     }
     setpgid(pid, pid);  /* also here: we may signal the group before the
                            child has run a single instruction */

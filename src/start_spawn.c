@@ -4,9 +4,10 @@
 ** the context's payload (payload.c) and runs fn.  Safe in a threaded host:
 ** the parent only clone+execs (launch.c).
 **
-** A worker's descriptors: 3 the payload, 4 the reports, 5... the codec's
-** (shared memory the args carry).  Its command line:
-**   <exe> -e '<load the core>._spawn_main(3, 4, rank, parent pid, nfds)'
+** A worker's descriptors: 3 the payload, 4 the reports, 5 its end of the
+** reports' socket, 6... the codec's (shared memory the args carry).  Its
+** command line:
+**   <exe> -e '<load the core>._spawn_main(3, 4, 5, rank, parent pid, nfds)'
 */
 #include <fcntl.h>
 #include <stdio.h>
@@ -17,11 +18,14 @@
 
 #define FD_PAYLOAD 3
 #define FD_REPORTS 4
-#define FD_CODEC   5
+#define FD_RSOCK   5
+#define FD_CODEC   6
+#define NFIXED     3
 
-static int spawn_start(lua_State *L, mp_Context *ctx, int fn, int args) {
-  mp_Payload *p = mp_payload_push(L, ctx, fn, args);
-  int payload = lua_gettop(L), exe, nfds = 2 + (int)p->nfds, i, err = 0;
+static int spawn_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
+                       int args) {
+  mp_Payload *p = mp_payload_push(L, ctx, ctxidx, fn, args);
+  int payload = lua_gettop(L), exe, nfds = NFIXED + (int)p->nfds, i, err = 0;
   pid_t parent = getpid();
   int *fds;
   mp_push_executable(L);
@@ -29,15 +33,16 @@ static int spawn_start(lua_State *L, mp_Context *ctx, int fn, int args) {
   fds = lua_newuserdatauv(L, sizeof(int) * (size_t)nfds, 0);
   fds[0] = p->fd;
   fds[1] = ctx->reports.fd;
-  for (i = 2; i < nfds; i++) fds[i] = p->fds[i - 2];
+  fds[2] = ctx->reports.peer;
+  for (i = NFIXED; i < nfds; i++) fds[i] = p->fds[i - NFIXED];
   /* Our buffered output goes first, as it would have without workers. */
   fflush(NULL);
   for (i = 0; i < ctx->nprocs && err == 0; i++) {
     mp_Worker *w = &ctx->workers[i];
     char *argv[4];
     char call[96];
-    snprintf(call, sizeof call, "_spawn_main(%d,%d,%d,%ld,%d)", FD_PAYLOAD,
-             FD_REPORTS, i, (long)parent, (int)p->nfds);
+    snprintf(call, sizeof call, "_spawn_main(%d,%d,%d,%d,%ld,%d)",
+             FD_PAYLOAD, FD_REPORTS, FD_RSOCK, i, (long)parent, (int)p->nfds);
     mp_push_bootstrap(L, call);
     argv[0] = (char *)(size_t)lua_tostring(L, exe);
     argv[1] = (char *)(size_t)"-e";
@@ -66,27 +71,30 @@ static void keep_private(int fd) {
   if (flags >= 0) fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
 }
 
-/* _spawn_main(payload_fd, reports_fd, rank, parent_pid, nfds): in the
-** fresh interpreter; never returns. */
+/* _spawn_main(payload_fd, reports_fd, reports_sock, rank, parent_pid, nfds):
+** in the fresh interpreter; never returns. */
 static int l_spawn_main(lua_State *L) {
   int payload = (int)luaL_checkinteger(L, 1);
-  int reports = (int)luaL_checkinteger(L, 2);
-  int rank = (int)luaL_checkinteger(L, 3);
-  pid_t parent = (pid_t)luaL_checkinteger(L, 4);
-  int nfds = (int)luaL_checkinteger(L, 5), i;
+  mp_ReportTo to;
+  int rank = (int)luaL_checkinteger(L, 4);
+  pid_t parent = (pid_t)luaL_checkinteger(L, 5);
+  int nfds = (int)luaL_checkinteger(L, 6), i;
   int *fds;
+  to.fd = (int)luaL_checkinteger(L, 2);
+  to.sock = (int)luaL_checkinteger(L, 3);
   mp_worker_detach(parent);
-  luaL_argcheck(L, nfds >= 0 && nfds <= MP_LAUNCH_MAXFDS, 5, "bad count");
+  luaL_argcheck(L, nfds >= 0 && nfds <= MP_LAUNCH_MAXFDS, 6, "bad count");
   fds = lua_newuserdatauv(L, sizeof(int) * (size_t)(nfds + 1), 0);
   keep_private(payload);
-  keep_private(reports);
+  keep_private(to.fd);
+  keep_private(to.sock);
   for (i = 0; i < nfds; i++) {
     fds[i] = FD_CODEC + i;
     keep_private(fds[i]);
   }
   mp_payload_load(L, payload, fds, (size_t)nfds);
   close(payload);
-  mp_worker_run(L, lua_gettop(L) - 1, lua_gettop(L), rank, reports);
+  mp_worker_run(L, lua_gettop(L) - 1, lua_gettop(L), rank, &to);
 }
 
 void mp_open_spawn(lua_State *L) {

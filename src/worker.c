@@ -1,7 +1,8 @@
 /*
 ** worker.c -- the child's side, the same for every start method: detach
 ** from the parent's terminal job, run fn(i, ...), leave a report in the
-** context's report file, and leave with _exit.
+** context's report file (its descriptors through the context's socket), and
+** leave with _exit.
 */
 #include <errno.h>
 #include <signal.h>
@@ -104,8 +105,9 @@ static void cap_text(lua_State *L, int report) {
   lua_pop(L, 1);
 }
 
-/* Protected: encodes the value at 1 and writes it as the report of 'kind'
-** (at 4) of rank (at 2) into the report file (fd at 3). */
+/* Protected: encodes the value at 1 and reports it as 'kind' (at 4) of
+** rank (at 2) to the mp_ReportTo (light userdata at 3); the descriptors the
+** encoding carries (shared memory, queues) go through the socket. */
 static int put_report(lua_State *L) {
   int kind = (int)lua_tointeger(L, 4);
   const char *names[1];
@@ -113,24 +115,22 @@ static int put_report(lua_State *L) {
   int err;
   names[0] = kind == MP_REPORT_RESULT ? "result" : "error report";
   mp_encode(L, 1, 1, MP_CODEC_DATA, names, "back to the parent", &enc);
-  if (enc.nfds > 0)
-    return luaL_error(L, "cannot send an object that carries a descriptor "
-                         "back to the parent in a report; use a queue");
-  err = mp_reports_put((int)lua_tointeger(L, 3), (int)lua_tointeger(L, 2),
-                       kind, enc.data, enc.size);
+  err = mp_reports_put((const mp_ReportTo *)lua_touserdata(L, 3),
+                       (int)lua_tointeger(L, 2), kind, enc.data, enc.size,
+                       enc.fds, enc.nfds);
   if (err != 0)
     return luaL_error(L, "cannot write the report: %s", strerror(err));
   return 0;
 }
 
-static int try_put(lua_State *L, int value, int rank, int reportfd,
+static int try_put(lua_State *L, int value, int rank, const mp_ReportTo *to,
                    int kind) {
   int status;
   value = lua_absindex(L, value);
   lua_pushcfunction(L, put_report);
   lua_pushvalue(L, value);
   lua_pushinteger(L, rank);
-  lua_pushinteger(L, reportfd);
+  lua_pushlightuserdata(L, (void *)(size_t)to);
   lua_pushinteger(L, kind);
   status = lua_pcall(L, 4, 0, 0);
   return status;  /* the error message, if any, is on the stack */
@@ -139,7 +139,8 @@ static int try_put(lua_State *L, int value, int rank, int reportfd,
 /* The report at 'report' is a table from make_report, or a bare message when
 ** the handler could not run (out of memory).  A value that cannot be sent is
 ** dropped, its text kept; failing all else, stderr gets the text. */
-static void report_error(lua_State *L, int report, int rank, int reportfd) {
+static void report_error(lua_State *L, int report, int rank,
+                         const mp_ReportTo *to) {
   report = lua_absindex(L, report);
   if (!lua_istable(L, report)) {
     lua_createtable(L, 0, 1);
@@ -148,21 +149,22 @@ static void report_error(lua_State *L, int report, int rank, int reportfd) {
     lua_replace(L, report);
   }
   cap_text(L, report);
-  if (try_put(L, report, rank, reportfd, MP_REPORT_ERROR) == LUA_OK) return;
+  if (try_put(L, report, rank, to, MP_REPORT_ERROR) == LUA_OK) return;
   lua_pop(L, 1);
   lua_pushnil(L);
   lua_setfield(L, report, "value");
-  if (try_put(L, report, rank, reportfd, MP_REPORT_ERROR) == LUA_OK) return;
+  if (try_put(L, report, rank, to, MP_REPORT_ERROR) == LUA_OK) return;
   lua_getfield(L, report, "text");
   fprintf(stderr, "multiprocessing: process %d failed and could not report: "
                   "%s\n%s\n", rank, lua_tostring(L, -2), lua_tostring(L, -1));
 }
 
 /* A result that cannot be sent fails the worker: nothing is dropped. */
-static int report_result(lua_State *L, int result, int rank, int reportfd) {
+static int report_result(lua_State *L, int result, int rank,
+                         const mp_ReportTo *to) {
   if (lua_isnil(L, result)) return 0;
-  if (try_put(L, result, rank, reportfd, MP_REPORT_RESULT) == LUA_OK) return 0;
-  report_error(L, -1, rank, reportfd);
+  if (try_put(L, result, rank, to, MP_REPORT_RESULT) == LUA_OK) return 0;
+  report_error(L, -1, rank, to);
   return 1;
 }
 
@@ -189,11 +191,13 @@ static int push_args(lua_State *L, lua_State *co, int args) {
   return (int)n;
 }
 
-void mp_worker_run(lua_State *L, int fn, int args, int rank, int reportfd) {
+void mp_worker_run(lua_State *L, int fn, int args, int rank,
+                   const mp_ReportTo *to) {
   lua_State *co;
   int nargs, status, code = 0;
   fn = lua_absindex(L, fn);
   args = lua_absindex(L, args);
+  mp_sharing_worker(L, getppid());
   /* A fresh thread: the traceback shows the worker's frames only. */
   co = lua_newthread(L);
   lua_pushcfunction(co, make_report);
@@ -211,12 +215,15 @@ void mp_worker_run(lua_State *L, int fn, int args, int rank, int reportfd) {
   }
   lua_xmove(co, L, 1);
   if (status == LUA_OK)
-    code = report_result(L, -1, rank, reportfd);
+    code = report_result(L, -1, rank, to);
   else {
-    report_error(L, -1, rank, reportfd);
+    report_error(L, -1, rank, to);
     code = 1;
   }
   /* Our own output only: the parent flushed its buffers before forking. */
   fflush(NULL);
+  /* No __gc runs before _exit: the file_system references our arrays hold
+  ** are given back here (the report holds its receiver's own). */
+  mp_array_exit(L);
   _exit(code);
 }

@@ -1,0 +1,134 @@
+-- Results and error values that carry descriptors (shared arrays under
+-- file_descriptor, queues): they come back through the context's socket
+-- beside the report file, and arrive as the same memory / the same queue,
+-- under every start method and both sharing strategies.  Nothing may be
+-- left open, running or in /dev/shm.
+local mp = require "multiprocessing"
+local H = require "helpers"
+
+local STRATEGIES = { "file_descriptor", "file_system" }
+
+for _, method in ipairs(H.methods) do
+  for _, strategy in ipairs(STRATEGIES) do
+    describe(("results, %s, %s:"):format(method, strategy), function()
+      local before
+      before_each(function()
+        mp.set_sharing_strategy(strategy)
+        before = H.snapshot()
+      end)
+      after_each(function()
+        H.check(before)
+        mp.set_sharing_strategy("file_descriptor")
+      end)
+
+      it("an argument returned is the same memory", function()
+        local a <close> = mp.Array("int32", 4)
+        local results = mp.start_processes(function(_, arr)
+          arr[1] = 7
+          return arr
+        end, { a }, 1, true, false, method)
+        local r <close> = results[1]
+        assert.is_true(r:is_shared())
+        assert.are.equal(7, r[1])
+        assert.are.equal(7, a[1])
+        r[2] = 5                      -- through the result ...
+        assert.are.equal(5, a[2])     -- ... seen through the argument
+        a[3] = 9
+        assert.are.equal(9, r[3])
+      end)
+
+      it("an array the worker made is shared memory in the parent", function()
+        local results = mp.start_processes(function(i, s)
+          mp.set_sharing_strategy(s)
+          local own = mp.Array("int64", { 10 + i, 20 + i })
+          local v = mp.Value("double", 1.5)
+          return { own = own, v = v }
+        end, { strategy }, 2, true, false, method)
+        for rank = 0, 1 do
+          local r = results[rank + 1]
+          assert.is_true(r.own:is_shared())
+          assert.matches(strategy, tostring(r.own))
+          assert.are.same({ 10 + rank, 20 + rank }, r.own:totable())
+          r.own[1] = 99
+          assert.are.equal(99, r.own[1])
+          assert.are.equal(1.5, r.v.value)
+          r.own:close()
+          r.v:close()
+        end
+      end)
+
+      it("the same array returned by every worker is one memory", function()
+        local a <close> = mp.Array("int32", 3)
+        local results = mp.start_processes(function(i, arr)
+          arr[i + 1] = i + 1
+          return arr
+        end, { a }, 3, true, false, method)
+        for rank = 1, 3 do
+          assert.are.same({ 1, 2, 3 }, results[rank]:totable())
+        end
+        results[1][1] = 42
+        assert.are.equal(42, results[3][1])
+        assert.are.equal(42, a[1])
+        for rank = 1, 3 do results[rank]:close() end
+      end)
+
+      it("a returned queue works in the parent", function()
+        local results = mp.start_processes(function()
+          local q = mp.Queue()
+          q:put("from the worker")
+          return q
+        end, {}, 1, true, false, method)
+        local q <close> = results[1]
+        assert.are.equal("from the worker", q:get(10))
+        q:put({ 1, 2 })
+        assert.are.same({ 1, 2 }, q:get(10))
+      end)
+
+      it("an error value carrying an array arrives as the same memory", function()
+        local a <close> = mp.Array("int32", 1)
+        local ok, e = pcall(mp.start_processes, function(_, arr)
+          arr[1] = 3
+          error({ array = arr, own = mp.Array("uint8", { 8 }) })
+        end, { a }, 1, true, false, method)
+        assert.is_false(ok)
+        assert.is_true(mp.isinstance(e, mp.ProcessRaisedException))
+        local got = e.value.array
+        assert.are.equal(3, got[1])
+        got[1] = 4
+        assert.are.equal(4, a[1])
+        assert.are.equal(8, e.value.own[1])
+        got:close()
+        e.value.own:close()
+      end)
+    end)
+  end
+end
+
+describe("results with descriptors", function()
+  local before
+  before_each(function() before = H.snapshot() end)
+  after_each(function() H.check(before) end)
+
+  it("come back from many workers, more than one message's worth each", function()
+    local results = mp.start_processes(function(i)
+      local list = {}
+      for k = 1, 300 do list[k] = mp.Array("int32", { i * 1000 + k }) end
+      return list
+    end, {}, 3, true, false, "fork")
+    for rank = 0, 2 do
+      local list = results[rank + 1]
+      assert.are.equal(300, #list)
+      assert.are.equal(rank * 1000 + 1, list[1][1])
+      assert.are.equal(rank * 1000 + 300, list[300][1])
+      for _, arr in ipairs(list) do arr:close() end
+    end
+  end)
+
+  it("are closed with the context when nobody takes them", function()
+    local ctx = mp.start_processes(function()
+      error({ q = mp.Queue() })
+    end, {}, 1, false, false, "spawn")
+    assert.has_error(function() ctx:join(10) end)
+    ctx:close()
+  end)
+end)
