@@ -14,6 +14,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/pidfd.h>
+#include <unistd.h>
 
 #include "mp.h"
 
@@ -60,17 +61,19 @@ static int check_nprocs(lua_State *L, int arg) {
   return (int)n;
 }
 
-/* A duration in seconds: nil gives 'def', anything else must be a number
-** >= 0. */
-static double check_seconds(lua_State *L, int arg, double def) {
+/* A duration in seconds named 'what': nil gives 'def', anything else must
+** be a number >= 0 (NaN is not). */
+static double check_seconds(lua_State *L, int arg, const char *what,
+                            double def) {
   double s;
   if (lua_isnoneornil(L, arg)) return def;
   if (lua_type(L, arg) != LUA_TNUMBER)
-    luaL_typeerror(L, arg, "number");
+    luaL_argerror(L, arg, lua_pushfstring(L, "%s must be a non-negative "
+        "number of seconds, got %s", what, luaL_typename(L, arg)));
   s = lua_tonumber(L, arg);
   if (!(s >= 0))
-    luaL_argerror(L, arg, lua_pushfstring(L, "non-negative number expected, "
-                                             "got %f", s));
+    luaL_argerror(L, arg, lua_pushfstring(L, "%s must be a non-negative "
+        "number of seconds, got %s", what, luaL_tolstring(L, arg, NULL)));
   return s;
 }
 
@@ -80,11 +83,26 @@ mp_Context *mp_checkcontext(lua_State *L, int idx) {
   return luaL_checkudata(L, idx, MP_CONTEXT_T);
 }
 
+/* A forked worker inherits its parent's contexts: there, closing one
+** drops this process's copies of the descriptors and signals nobody. */
 void mp_context_close(mp_Context *ctx, double grace) {
+  int i;
   if (ctx->closed) return;
-  mp_terminate_all(ctx, grace);
+  if (getpid() == ctx->owner)
+    mp_terminate_all(ctx, grace);
+  else
+    for (i = 0; i < ctx->started; i++)
+      if (ctx->workers[i].pidfd >= 0) close(ctx->workers[i].pidfd);
   mp_reports_close(&ctx->reports);
   ctx->closed = 1;
+}
+
+/* Joining or signalling is for the process that started the workers. */
+static mp_Context *check_owned(lua_State *L, mp_Context *ctx) {
+  if (getpid() != ctx->owner)
+    luaL_error(L, "this ProcessContext belongs to process %d, which started "
+                  "its workers", (int)ctx->owner);
+  return ctx;
 }
 
 static void push_process(lua_State *L, int ctxidx, int rank) {
@@ -104,6 +122,7 @@ static mp_Context *new_context(lua_State *L, const mp_StartMethod *method,
   ctx->nprocs = nprocs;
   ctx->daemon = daemon;
   ctx->closed = 1;  /* nothing to clean until the report file exists */
+  ctx->owner = getpid();
   ctx->method = method;
   ctx->reports.fd = ctx->reports.sock = ctx->reports.peer = -1;
   for (i = 0; i < nprocs; i++) ctx->workers[i].pidfd = -1;
@@ -152,7 +171,17 @@ static void check_fn_and_args(lua_State *L) {
     lua_newtable(L);
     lua_replace(L, 2);
   } else {
+    lua_Integer n;
+    int isint;
     luaL_checktype(L, 2, LUA_TTABLE);
+    lua_pushliteral(L, "n");
+    if (lua_rawget(L, 2) != LUA_TNIL) {
+      n = lua_tointegerx(L, -1, &isint);
+      if (!isint || n < 0 || n > MP_MAX_ARGS)
+        luaL_argerror(L, 2, lua_pushfstring(L, "args.n must be an integer "
+            "from 0 to %d, got %s", MP_MAX_ARGS, luaL_tolstring(L, -1, NULL)));
+    }
+    lua_pop(L, 1);
   }
 }
 
@@ -193,9 +222,9 @@ static int l_spawn(lua_State *L) {
 
 static int ctx_join(lua_State *L) {
   double timeout, grace;
-  mp_checkcontext(L, 1);
-  timeout = check_seconds(L, 2, -1);
-  grace = check_seconds(L, 3, MP_DEFAULT_GRACE);
+  check_owned(L, mp_checkcontext(L, 1));
+  timeout = check_seconds(L, 2, "timeout", -1);
+  grace = check_seconds(L, 3, "grace_period", MP_DEFAULT_GRACE);
   lua_pushboolean(L, mp_join(L, 1, timeout, grace, !lua_isnoneornil(L, 3)));
   return 1;
 }
@@ -225,7 +254,8 @@ static int ctx_results(lua_State *L) {
 /* close([grace_period]) and __close/__gc: terminate and reap what runs. */
 static int ctx_close(lua_State *L) {
   mp_Context *ctx = mp_checkcontext(L, 1);
-  mp_context_close(ctx, check_seconds(L, 2, MP_DEFAULT_GRACE));
+  mp_context_close(ctx, check_seconds(L, 2, "grace_period",
+                                        MP_DEFAULT_GRACE));
   mp_payload_release(L, 1);
   return 0;
 }
@@ -273,7 +303,7 @@ static mp_Worker *check_process(lua_State *L, int idx) {
   lua_getiuservalue(L, idx, 1);
   ctx = lua_touserdata(L, -1);
   lua_pop(L, 1);  /* the process handle keeps the context alive */
-  return &ctx->workers[p->rank];
+  return &check_owned(L, ctx)->workers[p->rank];
 }
 
 static int process_is_alive(lua_State *L) {

@@ -104,8 +104,12 @@ void mp_discard(mp_Worker *w) {
 
 static void signal_worker(mp_Worker *w, int sig) {
   if (w->state != MP_RUNNING) return;
-  if (w->pidfd < 0 || pidfd_send_signal(w->pidfd, sig, NULL, 0) != 0)
+  /* By pid only when there is no pidfd: after ESRCH the pid may be
+  ** somebody else's already. */
+  if (w->pidfd < 0)
     kill(w->pid, sig);
+  else
+    pidfd_send_signal(w->pidfd, sig, NULL, 0);
   killpg(w->pid, sig);
 }
 
@@ -237,7 +241,9 @@ static void terminate_watched(mp_Context *ctx, double grace, Interrupt *in) {
   int i;
   for (i = 0; i < ctx->started; i++) {
     mp_Worker *w = &ctx->workers[i];
-    if (w->state != MP_RUNNING) continue;
+    /* One that already exited failed (or not) on its own: reap it first,
+    ** so that only the ones we signal count as terminated by us. */
+    if (mp_reap(w)) continue;
     w->terminated = 1;
     signal_worker(w, SIGTERM);
   }

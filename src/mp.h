@@ -91,6 +91,7 @@ typedef struct mp_Context {
   int started;            /* workers 0..started-1 have a pid */
   int daemon;
   int closed;             /* workers reaped and reports closed */
+  pid_t owner;            /* the process that started the workers */
   const mp_StartMethod *method;
   mp_Reports reports;
   mp_Worker workers[1];   /* nprocs of them */
@@ -138,6 +139,9 @@ void mp_context_close(mp_Context *ctx, double grace);
 /* Pushes a new exception of type 'tname' whose fields are taken from the
 ** table at 'fields' (msg, error_index, error_pid, ...). */
 void mp_exception_new(lua_State *L, const char *tname, int fields);
+
+/* The most values fn(i, ...) may be given after i. */
+#define MP_MAX_ARGS 100000
 
 /* worker.c, in the child: joins its own process group, dies with the parent
 ** (exits at once if the parent is already gone), resets SIGINT/SIGTERM. */

@@ -168,51 +168,52 @@ static int report_result(lua_State *L, int result, int rank,
   return 1;
 }
 
-/* Protected: fn at 1, args at 2.  Objects inherited by a fork are this
-** worker's too from now on (a decoded one already is). */
-static int attach_inherited(lua_State *L) {
+/* How many values args holds for fn: args.n, or #args. */
+static lua_Integer count_args(lua_State *L, int args) {
+  lua_Integer n;
+  lua_pushliteral(L, "n");
+  if (lua_rawget(L, args) == LUA_TNIL)
+    n = luaL_len(L, args);
+  else
+    n = lua_tointeger(L, -1);  /* checked by the parent (mp_check_args) */
+  lua_pop(L, 1);
+  if (n < 0 || n > MP_MAX_ARGS)
+    luaL_error(L, "#args is %I: at most %d arguments", n, MP_MAX_ARGS);
+  return n;
+}
+
+/* Protected, on the worker's thread: fn at 1, args at 2, rank at 3.
+** Objects the worker inherited are its own from now on (a decoded one
+** already is); leaves fn, rank and the unpacked args, ready to call. */
+static int prepare_call(lua_State *L) {
+  lua_Integer n, i;
   mp_sharing_attach(L, 1);
   mp_sharing_attach(L, 2);
-  return 0;
+  n = count_args(L, 2);
+  luaL_checkstack(L, (int)n + 2, "too many arguments");
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 3);
+  for (i = 1; i <= n; i++) lua_geti(L, 2, i);
+  return (int)n + 2;
 }
 
-static int push_args(lua_State *L, lua_State *co, int args) {
-  lua_Integer n, i;
-  if (lua_getfield(L, args, "n") == LUA_TNUMBER && lua_isinteger(L, -1))
-    n = lua_tointeger(L, -1);
-  else
-    n = luaL_len(L, args);
-  lua_pop(L, 1);
-  luaL_checkstack(co, (int)n + 2, "too many arguments");
-  for (i = 1; i <= n; i++) {
-    lua_geti(L, args, i);
-    lua_xmove(L, co, 1);
-  }
-  return (int)n;
-}
-
-void mp_worker_run(lua_State *L, int fn, int args, int rank,
-                   const mp_ReportTo *to) {
-  lua_State *co;
-  int nargs, status, code = 0;
-  fn = lua_absindex(L, fn);
-  args = lua_absindex(L, args);
-  mp_sharing_worker(L, getppid());
-  /* A fresh thread: the traceback shows the worker's frames only. */
-  co = lua_newthread(L);
+/* Protected: fn at 1, args at 2, rank at 3, the report channel at 4.
+** Runs fn on a fresh thread, so the traceback shows the worker's frames
+** only, reports, and returns the exit code. */
+static int run_worker(lua_State *L) {
+  int rank = (int)lua_tointeger(L, 3);
+  const mp_ReportTo *to = lua_touserdata(L, 4);
+  lua_State *co = lua_newthread(L);
+  int status, code = 0;
   lua_pushcfunction(co, make_report);
-  lua_pushcfunction(co, attach_inherited);
-  lua_pushvalue(L, fn);
-  lua_pushvalue(L, args);
-  lua_xmove(L, co, 2);
-  status = lua_pcall(co, 2, 0, 1);
-  if (status == LUA_OK) {
-    lua_pushvalue(L, fn);
-    lua_xmove(L, co, 1);
-    lua_pushinteger(co, rank);
-    nargs = push_args(L, co, args);
-    status = lua_pcall(co, nargs + 1, 1, 1);
-  }
+  lua_pushcfunction(co, prepare_call);
+  lua_pushvalue(L, 1);
+  lua_pushvalue(L, 2);
+  lua_pushvalue(L, 3);
+  lua_xmove(L, co, 3);
+  status = lua_pcall(co, 3, LUA_MULTRET, 1);
+  if (status == LUA_OK)
+    status = lua_pcall(co, lua_gettop(co) - 2, 1, 1);
   lua_xmove(co, L, 1);
   if (status == LUA_OK)
     code = report_result(L, -1, rank, to);
@@ -220,6 +221,28 @@ void mp_worker_run(lua_State *L, int fn, int args, int rank,
     report_error(L, -1, rank, to);
     code = 1;
   }
+  lua_pushinteger(L, code);
+  return 1;
+}
+
+void mp_worker_run(lua_State *L, int fn, int args, int rank,
+                   const mp_ReportTo *to) {
+  int code = 1;
+  fn = lua_absindex(L, fn);
+  args = lua_absindex(L, args);
+  mp_sharing_worker(L, getppid());
+  /* Nothing may unwind past here: in a fork, what lies below is a copy
+  ** of the parent's stack. */
+  lua_pushcfunction(L, run_worker);
+  lua_pushvalue(L, fn);
+  lua_pushvalue(L, args);
+  lua_pushinteger(L, rank);
+  lua_pushlightuserdata(L, (void *)(size_t)to);
+  if (lua_pcall(L, 4, 1, 0) == LUA_OK)
+    code = (int)lua_tointeger(L, -1);
+  else
+    fprintf(stderr, "multiprocessing: process %d failed before it could "
+                    "report: %s\n", rank, lua_tostring(L, -1));
   /* Our own output only: the parent flushed its buffers before forking. */
   fflush(NULL);
   /* No __gc runs before _exit: the file_system references our arrays hold
