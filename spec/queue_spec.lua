@@ -297,6 +297,8 @@ describe("blocking calls under an EINTR storm (SIGUSR1 every ms)", function()
     os.remove(file)
     local hits = tonumber(out:match("OK%s+(%d+)"))
     assert.is_truthy(hits, out)
-    assert.is_true(hits > 100, out)
+    -- a shell forks a sleep per signal: slow machines (ASan) send fewer,
+    -- but dozens of interrupted waits are a storm all the same
+    assert.is_true(hits > 30, out)
   end)
 end)

@@ -49,7 +49,7 @@
 #define SERVER_KEY "multiprocessing.forkserver"
 #define SERVER_T   "multiprocessing.ForkServer"
 #define REQ_MAGIC  0x4c4d5046u
-#define MAXFDS     253    /* what one SCM_RIGHTS message may carry */
+#define MAXFDS     MP_MAXFDS
 #define NFIXED     3      /* payload, reports, reports' socket */
 
 LUAMOD_API int luaopen_multiprocessing_core(lua_State *L);
@@ -70,73 +70,20 @@ typedef struct Reply {
 
 /* --- descriptors over the socket ----------------------------------------- */
 
-typedef union Control {
-  char buf[CMSG_SPACE(sizeof(int) * MAXFDS)];
-  struct cmsghdr align;
-} Control;
-
-/* Returns 0 or an errno. */
+/* One whole message with its descriptors (fdpass.c); 0 or an errno. */
 static int send_msg(int sock, const void *buf, size_t len, const int *fds,
                     size_t nfds) {
-  struct msghdr msg;
-  struct iovec iov;
-  Control ctl;
-  ssize_t r;
-  memset(&msg, 0, sizeof msg);
-  iov.iov_base = (void *)(size_t)buf;
-  iov.iov_len = len;
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  if (nfds > 0) {
-    struct cmsghdr *c;
-    memset(&ctl, 0, sizeof ctl);
-    msg.msg_control = ctl.buf;
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-    c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-    memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
-  }
-  do r = sendmsg(sock, &msg, MSG_NOSIGNAL); while (r < 0 && errno == EINTR);
-  if (r < 0) return errno;
+  ssize_t r = mp_sendfds(sock, buf, len, fds, nfds, 0);
+  if (r < 0) return (int)-r;
   return (size_t)r == len ? 0 : EMSGSIZE;
 }
 
-/* Receives one message; the descriptors (close-on-exec) go to fds, up to
-** *nfds of them, and *nfds says how many came.  Returns the byte count, 0
-** at EOF, or -errno; -EMSGSIZE when descriptors were dropped. */
+/* Receives one message; up to *nfds descriptors go to fds, and *nfds says
+** how many came.  The byte count, 0 at EOF, or -errno: -EPROTO when the
+** descriptors were dropped (the data still came). */
 static ssize_t recv_msg(int sock, void *buf, size_t len, int *fds,
                         size_t *nfds) {
-  struct msghdr msg;
-  struct iovec iov;
-  struct cmsghdr *c;
-  Control ctl;
-  size_t max = *nfds, got = 0;
-  ssize_t r;
-  memset(&msg, 0, sizeof msg);
-  iov.iov_base = buf;
-  iov.iov_len = len;
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = ctl.buf;
-  msg.msg_controllen = sizeof ctl.buf;
-  do r = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC); while (r < 0 && errno == EINTR);
-  if (r < 0) return -errno;
-  for (c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
-    size_t n, i;
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (i = 0; i < n; i++) {
-      int fd;
-      memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-      if (got < max) fds[got++] = fd;
-      else close(fd);
-    }
-  }
-  *nfds = got;
-  if (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) return -EMSGSIZE;
-  return r;
+  return mp_recvfds(sock, buf, len, fds, *nfds, nfds, 0);
 }
 
 static void close_all(int *fds, size_t n) {
@@ -308,7 +255,7 @@ static int l_forkserver_main(lua_State *L) {
     ssize_t r = recv_msg(sock, &rq, sizeof rq, fds, &nfds);
     Job job;
     if (r == 0) _exit(0);  /* the parent closed its end */
-    if (r < 0 && r != -EMSGSIZE) _exit(1);
+    if (r < 0 && r != -EPROTO) _exit(1);
     job.sock = sock;
     job.rq = &rq;
     job.fds = fds;
@@ -469,7 +416,7 @@ static int lost_pidfd(lua_State *L, mp_Context *ctx, Server *s, int rank,
     memset(&r, 0, sizeof r);
     n = recv_msg(s->sock, &r, sizeof r, &fd, &nfds);
     if (nfds == 1) close(fd);
-    if ((n != (ssize_t)sizeof r && n != -EMSGSIZE) || r.rank != i ||
+    if ((n != (ssize_t)sizeof r && n != -EPROTO) || r.rank != i ||
         r.pid <= 0)
       break;
     pid = (pid_t)r.pid;
@@ -490,7 +437,7 @@ static int read_replies(lua_State *L, mp_Context *ctx, Server *s) {
     ssize_t n;
     memset(&r, 0, sizeof r);
     n = recv_msg(s->sock, &r, sizeof r, &fd, &nfds);
-    if (n == -EMSGSIZE && r.rank == i && r.pid > 0 && r.err == 0)
+    if (n == -EPROTO && r.rank == i && r.pid > 0 && r.err == 0)
       return lost_pidfd(L, ctx, s, i, (pid_t)r.pid);
     if (n == (ssize_t)sizeof r && r.rank == i && r.err != 0 && nfds == 0) {
       lua_pushfstring(L, "the forkserver cannot start process %d: %s", i,

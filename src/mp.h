@@ -161,6 +161,17 @@ void mp_open_context(lua_State *L);
 void mp_open_codec(lua_State *L);
 void mp_open_signames(lua_State *L);
 
+/* fdpass.c: descriptors over unix sockets.  At most MP_MAXFDS per message. */
+#define MP_MAXFDS 253
+/* Returns bytes sent or -errno.  MSG_NOSIGNAL is always added. */
+ssize_t mp_sendfds(int sock, const void *buf, size_t len,
+                   const int *fds, size_t nfds, int flags);
+/* Returns bytes received (0 at EOF) or -errno; -EPROTO when the descriptors
+** were truncated (MSG_CTRUNC; the ones that came are closed).  *nfds is set
+** to the number received (closed-on-exec). */
+ssize_t mp_recvfds(int sock, void *buf, size_t len,
+                   int *fds, size_t maxfds, size_t *nfds, int flags);
+
 /* small helpers shared by the parts (core.c) */
 double mp_now(void);                     /* CLOCK_MONOTONIC seconds */
 int    mp_push_errno(lua_State *L, const char *what, int err); /* pushes msg */

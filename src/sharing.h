@@ -59,16 +59,6 @@ void mp_sharing_worker(lua_State *L, pid_t job);
 ** arrays hold (array.c), as their __gc would have. */
 void mp_array_exit(lua_State *L);
 
-/* fd passing over unix sockets.  At most MP_MAXFDS per message. */
-#define MP_MAXFDS 253
-/* Returns bytes sent or -errno.  MSG_NOSIGNAL is always added. */
-ssize_t mp_sendfds(int sock, const void *buf, size_t len,
-                   const int *fds, size_t nfds, int flags);
-/* Returns bytes received (0 at EOF) or -errno; -EPROTO when the descriptors
-** were truncated (MSG_CTRUNC; the ones that came are closed).  *nfds is set
-** to the number received (closed-on-exec). */
-ssize_t mp_recvfds(int sock, void *buf, size_t len,
-                   int *fds, size_t maxfds, size_t *nfds, int flags);
 
 /* --- sync.c: waiting --- */
 #define MP_OK          0
