@@ -502,10 +502,7 @@ static int mt_index(lua_State *L) {
     push_elem(L, a, 0);
     return 1;
   }
-  lua_getmetatable(L, 1);
-  lua_getfield(L, -1, "__methods");
-  lua_pushvalue(L, 2);
-  lua_rawget(L, -2);
+  mp_push_method(L);
   return 1;
 }
 

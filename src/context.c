@@ -287,10 +287,7 @@ static int ctx_index(lua_State *L) {
   } else if (key != NULL && strcmp(key, "start_method") == 0) {
     lua_pushstring(L, ctx->method->name);
   } else {
-    lua_getmetatable(L, 1);
-    lua_getfield(L, -1, "methods");
-    lua_pushvalue(L, 2);
-    lua_rawget(L, -2);
+    mp_push_method(L);
   }
   return 1;
 }
@@ -336,10 +333,7 @@ static int process_index(lua_State *L) {
   } else if (key != NULL && strcmp(key, "rank") == 0) {
     lua_pushinteger(L, ((Process *)lua_touserdata(L, 1))->rank);
   } else {
-    lua_getmetatable(L, 1);
-    lua_getfield(L, -1, "methods");
-    lua_pushvalue(L, 2);
-    lua_rawget(L, -2);
+    mp_push_method(L);
   }
   return 1;
 }
@@ -363,7 +357,7 @@ static void new_class(lua_State *L, const char *tname, const luaL_Reg *meta,
   luaL_setfuncs(L, meta, 0);
   lua_newtable(L);
   luaL_setfuncs(L, methods_, 0);
-  lua_setfield(L, -2, "methods");
+  lua_setfield(L, -2, "__methods");
 }
 
 void mp_open_context(lua_State *L) {

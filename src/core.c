@@ -20,6 +20,15 @@ int mp_push_errno(lua_State *L, const char *what, int err) {
   return err;
 }
 
+/* For __index functions: pushes the entry named by the key at 2 in the
+** __methods table of the metatable of the value at 1. */
+void mp_push_method(lua_State *L) {
+  lua_getmetatable(L, 1);
+  lua_getfield(L, -1, "__methods");
+  lua_pushvalue(L, 2);
+  lua_rawget(L, -2);
+}
+
 LUAMOD_API int luaopen_multiprocessing_core(lua_State *L);
 
 __attribute__((visibility("default")))

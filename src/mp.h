@@ -175,6 +175,7 @@ ssize_t mp_recvfds(int sock, void *buf, size_t len,
 /* small helpers shared by the parts (core.c) */
 double mp_now(void);                     /* CLOCK_MONOTONIC seconds */
 int    mp_push_errno(lua_State *L, const char *what, int err); /* pushes msg */
+void   mp_push_method(lua_State *L);         /* for __index, see core.c */
 
 /* --- fresh interpreters: "spawn" and "forkserver" ---------------------- */
 

@@ -534,10 +534,7 @@ static int bar_index(lua_State *L) {
   else if (k && strcmp(k, "broken") == 0)
     lua_pushboolean(L, __atomic_load_n(&h->broken, __ATOMIC_ACQUIRE) != 0);
   else {
-    lua_getmetatable(L, 1);
-    lua_getfield(L, -1, "__methods");
-    lua_pushvalue(L, 2);
-    lua_rawget(L, -2);
+    mp_push_method(L);
   }
   return 1;
 }
@@ -682,10 +679,7 @@ static int lock_index(lua_State *L) {
     lua_pushboolean(L, s->recovered);
     return 1;
   }
-  lua_getmetatable(L, 1);
-  lua_getfield(L, -1, "__methods");
-  lua_pushvalue(L, 2);
-  lua_rawget(L, -2);
+  mp_push_method(L);
   return 1;
 }
 
