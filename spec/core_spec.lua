@@ -4,18 +4,7 @@ local mp = require "multiprocessing"
 local H = require "helpers"
 
 local LUA = "lua5.4"
-local HERE = "package.path = " .. ("%q"):format(package.path) ..
-             "; package.cpath = " .. ("%q"):format(package.cpath) .. "; "
-
--- Runs a Lua script in a child interpreter started by sh; returns the file
--- the script may write its pids to, and the popen handle.
-local function run_script(body)
-  local script = os.tmpname()
-  local f = assert(io.open(script, "w"))
-  f:write(HERE, body)
-  f:close()
-  return script
-end
+local run_script = H.script
 
 local function sleep_forever()
   os.execute("sleep 30")
@@ -302,12 +291,7 @@ for _, method in ipairs(H.methods) do
         ctx:join()
       ]]):format(method, pidfile))
       local sh = io.popen(LUA .. " " .. script .. " 2>/dev/null")
-      local pids = H.eventually(function()
-        local s = H.read(pidfile)
-        return s and #s > 0 and s
-      end, 10)
-      local list = {}
-      for p in pids:gmatch("%d+") do list[#list + 1] = tonumber(p) end
+      local list = H.wait_pids(pidfile)
       assert.are.equal(3, #list)
       os.execute("kill -KILL " .. list[1])
       sh:close()
@@ -355,12 +339,7 @@ for _, method in ipairs(H.methods) do
         print(ctx.processes[1].exitcode, ctx.processes[2].exitcode)
       ]]):format(method, pidfile))
       local sh = io.popen(LUA .. " " .. script .. " 2>&1")
-      local pids = H.eventually(function()
-        local s = H.read(pidfile)
-        return s and #s > 0 and s
-      end, 10)
-      local list = {}
-      for p in pids:gmatch("%d+") do list[#list + 1] = tonumber(p) end
+      local list = H.wait_pids(pidfile)
       os.execute("kill -INT " .. list[1])
       local out = sh:read("a")
       sh:close()

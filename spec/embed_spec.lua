@@ -2,8 +2,6 @@
 -- everything (stealing exit statuses), as careless engines do.
 local H = require "helpers"
 
-local PATHS = "package.path = " .. ("%q"):format(package.path) ..
-              " package.cpath = " .. ("%q"):format(package.cpath) .. " "
 
 local host
 setup(function()
@@ -15,7 +13,7 @@ end)
 teardown(function() os.remove(host) end)
 
 local function run_host(start, join)
-  return H.sh(("%s %q %q 2>&1; echo rc=$?"):format(host, PATHS .. start, join))
+  return H.sh(("%s %q %q 2>&1; echo rc=$?"):format(host, H.PATHS .. start, join))
 end
 
 for _, method in ipairs(H.methods) do

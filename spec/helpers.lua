@@ -134,6 +134,33 @@ function H.sh(cmd)
   return out
 end
 
+--- A line of Lua that gives a child interpreter our package paths.
+H.PATHS = ("package.path = %q; package.cpath = %q\n"):format(package.path, package.cpath)
+
+--- Writes a Lua script for a child interpreter (by default our package
+-- paths first) to a temporary file; returns the file's name.
+function H.script(body, prelude)
+  local name = os.tmpname()
+  local f = assert(io.open(name, "w"))
+  f:write(prelude or H.PATHS, body)
+  f:close()
+  return name
+end
+
+--- Waits until a child script has written its pids to 'pidfile'; returns
+-- them as numbers, in the order written.
+function H.wait_pids(pidfile, seconds)
+  local text = H.eventually(function()
+    local s = H.read(pidfile)
+    return s and #s > 0 and s
+  end, seconds or 10)
+  local pids = {}
+  for pid in assert(text, "no pids written to " .. pidfile):gmatch("%d+") do
+    pids[#pids + 1] = tonumber(pid)
+  end
+  return pids
+end
+
 --- The start methods every process spec runs under.
 H.methods = { "fork", "spawn", "forkserver" }
 

@@ -3,8 +3,6 @@
 local mp = require "multiprocessing"
 local H = require "helpers"
 
-local PATHS = "package.path = " .. ("%q"):format(package.path) ..
-              "; package.cpath = " .. ("%q"):format(package.cpath) .. "\n"
 
 -- A C helper compiled for the specs: a host with a SIGUSR1 handler (without
 -- SA_RESTART, so every signal interrupts a blocking call with EINTR), and a
@@ -261,7 +259,7 @@ end
 
 describe("blocking calls under an EINTR storm (SIGUSR1 every ms)", function()
   it("get, recv, lock, event and semaphore waits are unaffected", function()
-    local script = PATHS .. [[
+    local script = H.PATHS .. [[
       local mp = require "multiprocessing"
       local pidfile = os.tmpname()
       os.execute(("sh -c 'while kill -USR1 %d 2>/dev/null; do sleep 0.001; done' " ..

@@ -1,8 +1,6 @@
 -- The interactive interpreter: Ctrl-C during a join, then the prompt again.
 local H = require "helpers"
 
-local PATHS = "package.path = " .. ("%q"):format(package.path) ..
-              " package.cpath = " .. ("%q"):format(package.cpath)
 
 for _, method in ipairs(H.methods) do
   describe("lua5.4 -i with start method " .. method .. ":", function()
@@ -10,7 +8,7 @@ for _, method in ipairs(H.methods) do
       local pidfile = os.tmpname()
       local input = os.tmpname()
       local f = assert(io.open(input, "w"))
-      f:write(PATHS, "\n",
+      f:write(H.PATHS,
         "mp = require 'multiprocessing'\n",
         ("ctx = mp.start_processes(function() os.execute('sleep 30') end, {}, 2, false, false, %q)\n"):format(method),
         ("f = io.open(%q, 'w') f:write(io.open('/proc/self/stat'):read('a'):match('^%%d+'), ' ', table.concat(ctx:pids(), ' ')) f:close()\n"):format(pidfile),
@@ -18,12 +16,7 @@ for _, method in ipairs(H.methods) do
         "print('back at the prompt', ctx.processes[1].exitcode, ctx.processes[2].exitcode)\n")
       f:close()
       local repl = io.popen("lua5.4 -i < " .. input .. " 2>&1")
-      local pids = H.eventually(function()
-        local s = H.read(pidfile)
-        return s and #s > 0 and s
-      end, 10)
-      local list = {}
-      for p in pids:gmatch("%d+") do list[#list + 1] = tonumber(p) end
+      local list = H.wait_pids(pidfile)
       -- the join has started once the workers exist; give it a moment to block
       os.execute("sleep 0.2; kill -INT " .. list[1])
       local out = repl:read("a")

@@ -24,9 +24,7 @@ local function write_file(path, text)
 end
 
 local function run_script(body)
-  local script = os.tmpname()
-  write_file(script, HERE .. body)
-  return script
+  return H.script(body, HERE)
 end
 
 -- A module directory on package.path for the whole file.
@@ -337,12 +335,7 @@ describe("the forkserver", function()
       ctx:join()
     ]]):format(pidfile))
     local sh = io.popen(LUA .. " " .. script .. " 2>/dev/null")
-    local pids = H.eventually(function()
-      local s = H.read(pidfile)
-      return s and #s > 0 and s
-    end, 10)
-    local list = {}
-    for p in pids:gmatch("%d+") do list[#list + 1] = tonumber(p) end
+    local list = H.wait_pids(pidfile)
     assert.are.equal(4, #list)
     os.execute("kill -KILL " .. list[1])
     sh:close()
