@@ -99,4 +99,8 @@ do
   print(("join=false: %d polls before all %d workers finished; squares %s"):format(
     polls, squares.n, table.concat(squares, ",")))
 end
-print("done: no worker, fd or file left behind")
+-- Nothing is left: no child process of ours, zombie or alive.
+local me = io.open("/proc/self/stat"):read("a"):match("^%d+")
+local children = io.open(("/proc/%s/task/%s/children"):format(me, me)):read("a")
+assert(children == "", "children left: " .. children)
+print("done: every worker was reaped")
