@@ -225,6 +225,14 @@ for _, method in ipairs(H.methods) do
       for _, pid in ipairs(pids) do assert.is_false(H.alive(pid)) end
     end)
 
+    it("has no results when it was closed before its workers finished", function()
+      local ctx = start(sleep_forever, {}, 1, false)
+      ctx:close(0)
+      local ok, err = pcall(ctx.results, ctx)
+      assert.is_false(ok)
+      assert.truthy(err:find("closed before its workers finished", 1, true), err)
+    end)
+
     it("terminates and reaps when a context is collected", function()
       local pids = start(sleep_forever, {}, 2, false):pids()
       collectgarbage()

@@ -247,7 +247,9 @@ static int ctx_results(lua_State *L) {
   if (lua_getfield(L, -1, "failure") != LUA_TNIL) return lua_error(L);
   if (!ctx->closed)
     return luaL_error(L, "results are available once join has returned true");
-  lua_getfield(L, -2, "results");
+  if (lua_getfield(L, -2, "results") == LUA_TNIL)
+    return luaL_error(L, "no results: the context was closed before its "
+                         "workers finished");
   return 1;
 }
 
