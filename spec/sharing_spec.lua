@@ -194,6 +194,61 @@ for _, method in ipairs(H.methods) do
         assert.is_false(r:is_shared())
       end)
 
+      it("maps an array sent 100 times once in the worker", function()
+        -- HDR (64) + n bytes = 13 pages: a size that tells the segment's
+        -- lines in /proc/self/maps from the queues' own segments
+        local a <close> = mp.Array("uint8", 13 * 4096 - 64)
+        local q <close> = mp.Queue()
+        local back <close> = mp.Queue()
+        local ctx = mp.start_processes(function(_, qq, bq)
+          local pid = io.open("/proc/self/stat"):read("a"):match("^(%d+)")
+          local function fds()
+            collectgarbage()          -- what the start left behind goes
+            collectgarbage()
+            local p = io.popen("ls /proc/" .. pid .. "/fd")
+            local n = #p:read("a"):gsub("[^\n]", "")
+            p:close()
+            return n
+          end
+          local function maps()
+            local n = 0
+            for l in io.lines("/proc/self/maps") do
+              local lo, hi = l:match("^(%x+)-(%x+)")
+              if tonumber(hi, 16) - tonumber(lo, 16) == 13 * 4096 and
+                 (l:find("memfd:multiprocessing", 1, true) or
+                  l:find("/dev/shm/lmp_", 1, true)) then
+                n = n + 1
+              end
+            end
+            return n
+          end
+          local got = { qq:get() }    -- all kept open: 100 Arrays at the end
+          bq:put(got[1][1])
+          local f1, m1 = fds(), maps()
+          for k = 2, 100 do
+            got[k] = qq:get()
+            bq:put(got[k][1])
+          end
+          got[100][2] = 7             -- seen through every other one
+          local same = true
+          for k = 1, 100 do same = same and got[k][2] == 7 end
+          bq:put({ f1, fds(), m1, maps(), same })
+          for k = 1, 100 do got[k]:close() end
+        end, { q, back }, 1, false, false, method)
+        for k = 1, 100 do
+          a[1] = k
+          q:put(a)
+          assert.are.equal(k, back:get(10))
+        end
+        local r = back:get(30)
+        assert.is_true(ctx:join(10))
+        assert.are.equal(r[1], r[2], "fds grew")
+        assert.are.equal(1, r[3], "one mapping of the segment")
+        assert.are.equal(r[3], r[4], "mappings grew")
+        assert.is_true(r[5])
+        assert.are.equal(7, a[2])
+      end)
+
       it("sends 1000 arrays without running out of descriptors", function()
         local q <close> = mp.Queue()
         local back <close> = mp.Queue()
@@ -220,6 +275,62 @@ for _, method in ipairs(H.methods) do
     end)
   end
 end
+
+describe("the Arrays of one process on the same memory", function()
+  local core = require "multiprocessing.core"
+  local before
+  before_each(function() before = H.snapshot() end)
+  after_each(function()
+    mp.set_sharing_strategy("file_descriptor")
+    H.check(before)
+  end)
+
+  -- An encoded int32 Array of n elements claiming m instead (src/array.c's
+  -- Wire: how, ctype, isvalue, 5 pad bytes, n).
+  local function resize(s, how, n, m)
+    local wire = how .. "\2\0" .. ("\0"):rep(5)
+    local i = assert(s:find(wire .. string.pack("<I8", n), 1, true))
+    return s:sub(1, i - 1) .. wire .. string.pack("<I8", m) ..
+           s:sub(i + #wire + 8)
+  end
+
+  for _, strategy in ipairs(STRATEGIES) do
+    it("share one mapping that outlives any one's close, " .. strategy, function()
+      mp.set_sharing_strategy(strategy)
+      local a = mp.Array("int32", 4)
+      local q <close> = mp.Queue()
+      q:put(a)
+      q:put(a)
+      local b, c = q:get(), q:get()
+      a[1] = 5
+      assert.are.equal(5, b[1])
+      a:close()                       -- b and c still use the memory
+      b[2] = 6
+      assert.are.equal(6, c[2])
+      c:close()
+      assert.are.same({ 5, 6, 0, 0 }, b:totable())
+      b:close()
+      local d <close> = mp.Array("int32", 4)   -- a new mapping, not b's
+      assert.are.same({ 0, 0, 0, 0 }, d:totable())
+    end)
+
+    it("refuse a mapped segment claimed with another size, " .. strategy, function()
+      mp.set_sharing_strategy(strategy)
+      local how = strategy == "file_system" and "N" or "F"
+      local a <close> = mp.Array("int32", 4)
+      local s, fd = core.encode(false, a)
+      for _, m in ipairs { 5, 3, 1 << 20 } do
+        local ok, e = pcall(core.decode, resize(s, how, 4, m), false, { fd })
+        assert.is_false(ok)
+        assert.matches("shared memory has size 80, expected " .. 64 + 4 * m, e)
+      end
+      -- the one real receipt takes the message's file_system reference
+      local b <close> = core.decode(s, false, { fd })
+      b[4] = 9
+      assert.are.equal(9, a[4])
+    end)
+  end
+end)
 
 describe("file_system segments", function()
   it("are unlinked after SIGKILL of the parent", function()

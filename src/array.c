@@ -14,6 +14,9 @@
 ** follow.  file_system: every mapping process holds one reference, and every
 ** encoding of the array holds one for the receiver (torch's incref on send,
 ** decref on receipt); the name is unlinked when the count reaches zero.
+** These references belong to Array objects, not to mappings: the Arrays of
+** one process on the same memory share one mapping (mp_Map, shm.c), so an
+** array received again costs no mmap, but each still holds its own.
 */
 #include <errno.h>
 #include <math.h>
@@ -71,7 +74,7 @@ typedef struct Array {
   int ct;
   int isvalue;
   pid_t refpid;           /* the process whose reference this object holds */
-  mp_Seg seg;             /* base != NULL when shared */
+  mp_Map *map;            /* when shared: the mapping (also uservalue 1) */
 } Array;
 
 static int find_ctype(const char *name) {
@@ -108,9 +111,8 @@ static Array *checkarray(lua_State *L, int idx) {
 }
 
 static Array *newarray(lua_State *L, int ct, size_t n, int isvalue) {
-  Array *a = (Array *)lua_newuserdatauv(L, sizeof(Array), 0);
+  Array *a = (Array *)lua_newuserdatauv(L, sizeof(Array), 1);
   memset(a, 0, sizeof *a);
-  a->seg.fd = -1;
   a->ct = ct;
   a->n = n;
   a->isvalue = isvalue;
@@ -126,29 +128,38 @@ static void alloc_private(lua_State *L, Array *a) {
                            (lua_Integer)nbytes(a));
 }
 
-static ArrHdr *hdr_of(Array *a) { return (ArrHdr *)(void *)a->seg.base; }
+static ArrHdr *hdr_of(Array *a) { return (ArrHdr *)(void *)a->map->seg.base; }
+
+/* 'a' (at idx) starts using the mapping at the top of the stack (popped);
+** its uservalue keeps the mapping alive while the Array is. */
+static void attach_map(lua_State *L, int idx, Array *a, mp_Map *m) {
+  idx = lua_absindex(L, idx);
+  mp_map_use(m);
+  a->map = m;
+  a->data = m->seg.base + HDR_SIZE;
+  lua_setiuservalue(L, idx, 1);
+}
 
 static void own_reference(lua_State *L, int idx);
 
 /* Maps new shared memory for 'a' (at idx; its data, if any, is copied
 ** over). */
 static void make_shared(lua_State *L, int idx, Array *a, int kind) {
-  mp_Seg seg;
+  mp_Map *m;
   ArrHdr *h;
-  mp_seg_create(L, &seg, HDR_SIZE + nbytes(a), kind);
-  h = (ArrHdr *)(void *)seg.base;
+  unsigned char *old = a->data;
+  idx = lua_absindex(L, idx);
+  m = mp_map_create(L, HDR_SIZE + nbytes(a), kind);
+  h = (ArrHdr *)(void *)m->seg.base;
   h->magic = ARR_MAGIC;
   h->ctype = (uint32_t)a->ct;
   h->n = a->n;
   h->refs = 1;
-  h->trkid = seg.trkid;
-  h->trkslot = seg.trkslot;
-  if (a->data) {
-    memcpy(seg.base + HDR_SIZE, a->data, nbytes(a));
-    free(a->data);
-  }
-  a->seg = seg;
-  a->data = seg.base + HDR_SIZE;
+  h->trkid = m->seg.trkid;
+  h->trkslot = m->seg.trkslot;
+  if (old) memcpy(m->seg.base + HDR_SIZE, old, nbytes(a));
+  attach_map(L, idx, a, m);
+  free(old);
   a->refpid = getpid();
   if (kind == MP_SEG_NAME) own_reference(L, idx);
 }
@@ -175,13 +186,19 @@ static void own_reference(lua_State *L, int idx) {
   lua_pop(L, 1);
 }
 
-static void array_release(lua_State *L, Array *a) {
+/* 'a' is at idx.  Its reference goes before its use of the mapping: the
+** header it decrements must still be mapped. */
+static void array_release(lua_State *L, int idx, Array *a) {
   if (!a->data) return;
-  if (a->seg.base) {
-    if (a->seg.kind == MP_SEG_NAME && a->refpid == getpid() &&
+  idx = lua_absindex(L, idx);
+  if (a->map) {
+    if (a->map->seg.kind == MP_SEG_NAME && a->refpid == getpid() &&
         __atomic_sub_fetch(&hdr_of(a)->refs, 1, __ATOMIC_ACQ_REL) == 0)
-      mp_seg_unlink(L, &a->seg);
-    mp_seg_close(&a->seg);
+      mp_seg_unlink(L, &a->map->seg);
+    mp_map_release(a->map);
+    a->map = NULL;
+    lua_pushnil(L);            /* a closed Array keeps no mapping alive */
+    lua_setiuservalue(L, idx, 1);
   } else {
     free(a->data);
   }
@@ -189,7 +206,7 @@ static void array_release(lua_State *L, Array *a) {
 }
 
 static int array_gc(lua_State *L) {
-  array_release(L, toarray(L, 1));
+  array_release(L, 1, toarray(L, 1));
   return 0;
 }
 
@@ -202,7 +219,7 @@ void mp_array_exit(lua_State *L) {
   lua_pushnil(L);
   while (lua_next(L, -2)) {
     Array *a = (Array *)lua_touserdata(L, -2);
-    if (a->data && a->seg.base && a->refpid == self) array_release(L, a);
+    if (a->data && a->map && a->refpid == self) array_release(L, -2, a);
     lua_pop(L, 1);
   }
   lua_pop(L, 1);
@@ -460,14 +477,14 @@ static int m_copy(lua_State *L) {
 
 static int m_share_memory(lua_State *L) {
   Array *a = checkarray(L, 1);
-  if (!a->seg.base) make_shared(L, 1, a, mp_sharing_strategy(L));
+  if (!a->map) make_shared(L, 1, a, mp_sharing_strategy(L));
   lua_settop(L, 1);
   return 1;
 }
 
 static int m_is_shared(lua_State *L) {
   Array *a = checkarray(L, 1);
-  lua_pushboolean(L, a->seg.base != NULL);
+  lua_pushboolean(L, a->map != NULL);
   return 1;
 }
 
@@ -482,7 +499,7 @@ static int m_itemsize(lua_State *L) {
 }
 
 static int m_close(lua_State *L) {
-  array_release(L, toarray(L, 1));
+  array_release(L, 1, toarray(L, 1));
   return 0;
 }
 
@@ -530,8 +547,8 @@ static int mt_len(lua_State *L) {
 static int mt_tostring(lua_State *L) {
   Array *a = toarray(L, 1);
   const char *how = !a->data ? "closed"
-                  : !a->seg.base ? "private"
-                  : a->seg.kind == MP_SEG_NAME ? "shared, file_system"
+                  : !a->map ? "private"
+                  : a->map->seg.kind == MP_SEG_NAME ? "shared, file_system"
                   : "shared, file_descriptor";
   lua_pushfstring(L, "multiprocessing.%s(%s, %I, %s)",
                   a->isvalue ? "Value" : "Array", ctypes[a->ct].name,
@@ -552,16 +569,14 @@ typedef struct Wire {
 
 /* A broadcast is decoded by receivers that give nothing back (fresh
 ** workers that _exit), so its one reference is held by the sender's box:
-** an Array of its own on the same name, closed when the box is (the
-** context settles), so 'a' may be closed by its user meanwhile. */
-static void hold_name(lua_State *L, Array *a, mp_Writer *w) {
+** an Array of its own on the same mapping as 'a' (at idx), closed when the
+** box is (the context settles), so 'a' may be closed by its user
+** meanwhile. */
+static void hold_name(lua_State *L, int idx, Array *a, mp_Writer *w) {
   Array *pin = newarray(L, a->ct, a->n, a->isvalue);
-  if (mp_seg_from_name(L, &pin->seg, a->seg.name, a->seg.size) != 0)
-    lua_error(L);
-  pin->data = pin->seg.base + HDR_SIZE;
+  lua_getiuservalue(L, idx, 1);
+  attach_map(L, -2, pin, a->map);
   pin->refpid = getpid();
-  pin->seg.trkid = a->seg.trkid;
-  pin->seg.trkslot = a->seg.trkslot;
   __atomic_add_fetch(&hdr_of(pin)->refs, 1, __ATOMIC_ACQ_REL);
   mp_write_hold(L, w);
 }
@@ -574,16 +589,16 @@ static void array_encode(lua_State *L, int idx, mp_Writer *w) {
   wi.ct = (unsigned char)a->ct;
   wi.isvalue = (unsigned char)a->isvalue;
   wi.n = a->n;
-  wi.how = !a->seg.base ? 'P' : a->seg.kind == MP_SEG_NAME ? 'N' : 'F';
+  wi.how = !a->map ? 'P' : a->map->seg.kind == MP_SEG_NAME ? 'N' : 'F';
   mp_write_bytes(L, w, &wi, sizeof wi);
   if (wi.how == 'P') {
     mp_write_bytes(L, w, a->data, nbytes(a));
   } else if (wi.how == 'F') {
-    mp_write_fd(L, w, a->seg.fd);
+    mp_write_fd(L, w, a->map->seg.fd);
   } else {
-    mp_write_bytes(L, w, a->seg.name, MP_SHM_NAMELEN);
+    mp_write_bytes(L, w, a->map->seg.name, MP_SHM_NAMELEN);
     if (mp_write_flags(w) & MP_CODEC_BROADCAST) {
-      hold_name(L, a, w);
+      hold_name(L, lua_absindex(L, idx), a, w);
     } else {
       /* the receiver's reference, taken now: the name must outlive the
       ** message even if this array is closed before it is received */
@@ -595,14 +610,16 @@ static void array_encode(lua_State *L, int idx, mp_Writer *w) {
 static void array_decode(lua_State *L, mp_Reader *r) {
   Wire wi;
   Array *a;
+  mp_Map *m;
   size_t size;
-  int e;
+  int ai;
   memcpy(&wi, mp_read_bytes(L, r, sizeof wi), sizeof wi);
   if (wi.ct >= NCTYPES || wi.n > MAX_BYTES / ctypes[wi.ct].size ||
       (wi.isvalue && wi.n != 1) ||
       (wi.how != 'P' && wi.how != 'F' && wi.how != 'N'))
     luaL_error(L, "bad Array encoding");
   a = newarray(L, wi.ct, (size_t)wi.n, wi.isvalue);
+  ai = lua_gettop(L);
   size = HDR_SIZE + nbytes(a);
   if (wi.how == 'P') {
     const char *p = mp_read_bytes(L, r, nbytes(a));
@@ -610,26 +627,29 @@ static void array_decode(lua_State *L, mp_Reader *r) {
     memcpy(a->data, p, nbytes(a));
     return;
   }
+  /* memory already mapped here (most often: the same array sent again)
+  ** comes back as that mapping */
   if (wi.how == 'F') {
     int fd = mp_read_fd(L, r);
-    e = mp_seg_from_fd(L, &a->seg, fd, size, 1);
+    m = mp_map_from_fd(L, fd, size);
   } else {
     char name[MP_SHM_NAMELEN];
     memcpy(name, mp_read_bytes(L, r, MP_SHM_NAMELEN), MP_SHM_NAMELEN);
     name[MP_SHM_NAMELEN - 1] = '\0';
-    e = mp_seg_from_name(L, &a->seg, name, size);
+    m = mp_map_from_name(L, name, size);
   }
-  if (e != 0) lua_error(L);
-  a->data = a->seg.base + HDR_SIZE;
+  attach_map(L, ai, a, m);
   /* file_system: the message's reference is ours, but a broadcast's stays
   ** with its sender (0: a pid nobody has) */
   a->refpid = (mp_read_flags(r) & MP_CODEC_BROADCAST) ? 0 : getpid();
-  if (wi.how == 'N' && a->refpid != 0) own_reference(L, -1);
-  a->seg.trkid = hdr_of(a)->trkid;
-  a->seg.trkslot = hdr_of(a)->trkslot;
+  if (wi.how == 'N') {
+    if (a->refpid != 0) own_reference(L, ai);
+    m->seg.trkid = hdr_of(a)->trkid;
+    m->seg.trkslot = hdr_of(a)->trkslot;
+  }
   if (hdr_of(a)->magic != ARR_MAGIC || hdr_of(a)->ctype != wi.ct ||
       hdr_of(a)->n != wi.n) {
-    array_release(L, a);
+    array_release(L, ai, a);
     luaL_error(L, "received shared memory is not the Array it claims to be");
   }
 }

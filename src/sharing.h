@@ -55,6 +55,30 @@ void mp_seg_unlink(lua_State *L, mp_Seg *s);
 /* In a worker of 'job' (its parent): a tracker it starts keeps the names
 ** it made while the job runs and they exist (see shm.c). */
 void mp_sharing_worker(lua_State *L, pid_t job);
+/* A segment mapped once per lua_State and shared by all the Arrays on it:
+** receiving memory that is already mapped here (the same memfd by st_dev
+** and st_ino, the same file_system name) reuses the mapping instead of
+** mapping it again, which costs more than the whole rest of a message.
+** A userdata; each Array keeps its own as its uservalue, so the mapping
+** outlives every Array on it, and 'users' counts the open ones: the last
+** one's close unmaps it at once.  A per-lua_State cache (registry, weak
+** values) finds the live mappings. */
+typedef struct mp_Map {
+  mp_Seg seg;
+  int users;               /* open Arrays on it; unmapped when it drops to 0 */
+} mp_Map;
+
+/* Each pushes the mapping and returns it, or raises a Lua error. */
+/* Creates and maps a zeroed segment (mp_seg_create) and caches it. */
+mp_Map *mp_map_create(lua_State *L, size_t size, int kind);
+/* A received memfd (owned: closed at once when its memory is already
+** mapped here, and on error); checks its size and its seals. */
+mp_Map *mp_map_from_fd(lua_State *L, int fd, size_t size);
+/* A file_system segment by name; checks its size. */
+mp_Map *mp_map_from_name(lua_State *L, const char *name, size_t size);
+/* An Array starts or stops using the mapping (the last one unmaps it). */
+void mp_map_use(mp_Map *m);
+void mp_map_release(mp_Map *m);
 /* Before a worker's _exit: gives back the file_system references its
 ** arrays hold (array.c), as their __gc would have. */
 void mp_array_exit(lua_State *L);

@@ -401,31 +401,39 @@ fail:
   lua_error(L);
 }
 
+static int check_stat(lua_State *L, int fd, size_t size, struct stat *st) {
+  if (fstat(fd, st) < 0) return mp_push_errno(L, "fstat", errno);
+  if (!S_ISREG(st->st_mode) || st->st_size < 0 ||
+      (size_t)st->st_size != size) {
+    lua_pushfstring(L, "shared memory has size %I, expected %I",
+                    (lua_Integer)st->st_size, (lua_Integer)size);
+    return EINVAL;
+  }
+  return 0;
+}
+
 static int check_size(lua_State *L, int fd, size_t size) {
   struct stat st;
-  if (fstat(fd, &st) < 0) return mp_push_errno(L, "fstat", errno);
-  if (!S_ISREG(st.st_mode) || st.st_size < 0 || (size_t)st.st_size != size) {
-    lua_pushfstring(L, "shared memory has size %I, expected %I",
-                    (lua_Integer)st.st_size, (lua_Integer)size);
+  return check_stat(L, fd, size, &st);
+}
+
+/* A memfd that could shrink would turn a later access into SIGBUS. */
+static int check_sealed(lua_State *L, int fd) {
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) !=
+                       (F_SEAL_SHRINK | F_SEAL_GROW)) {
+    lua_pushliteral(L, "received shared memory is not sealed against "
+                       "resizing");
     return EINVAL;
   }
   return 0;
 }
 
 int mp_seg_from_fd(lua_State *L, mp_Seg *s, int fd, size_t size, int sealed) {
-  int e, seals;
+  int e;
   seg_init(s);
   if ((e = check_size(L, fd, size)) != 0) goto fail;
-  if (sealed) {
-    seals = fcntl(fd, F_GET_SEALS);
-    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) !=
-                         (F_SEAL_SHRINK | F_SEAL_GROW)) {
-      lua_pushliteral(L, "received shared memory is not sealed against "
-                         "resizing");
-      e = EINVAL;
-      goto fail;
-    }
-  }
+  if (sealed && (e = check_sealed(L, fd)) != 0) goto fail;
   if ((e = map_fd(s, fd, size)) != 0) {
     mp_push_errno(L, "mmap", e);
     goto fail;
@@ -477,6 +485,146 @@ void mp_seg_unlink(lua_State *L, mp_Seg *s) {
 }
 
 /* ------------------------------------------------------------------ */
+/* mappings shared by the Arrays of a lua_State                        */
+
+#define MAP_T    "multiprocessing.Mapping"
+#define MAPS_KEY "multiprocessing.mappings"  /* identity -> mp_Map, weak */
+#define MAP_KEYLEN 48
+
+/* Collected with its last Array; unmaps only when no open Array uses it:
+** at lua_close the Arrays' finalizers may run after this one, and they
+** still read the header (file_system references). */
+static int map_gc(lua_State *L) {
+  mp_Map *m = (mp_Map *)luaL_checkudata(L, 1, MAP_T);
+  if (m->users == 0) mp_seg_close(&m->seg);
+  return 0;
+}
+
+static mp_Map *new_map(lua_State *L) {
+  mp_Map *m = (mp_Map *)lua_newuserdatauv(L, sizeof(mp_Map), 0);
+  seg_init(&m->seg);
+  m->users = 0;
+  luaL_setmetatable(L, MAP_T);
+  return m;
+}
+
+/* The same memfd reached through any descriptor: a live one's inode
+** cannot be reused, and the mapping holds the descriptor open. */
+static void fd_key(char *key, const struct stat *st) {
+  snprintf(key, MAP_KEYLEN, "fd:%llx:%llx", (unsigned long long)st->st_dev,
+           (unsigned long long)st->st_ino);
+}
+
+static void push_cache(lua_State *L) {
+  if (lua_getfield(L, LUA_REGISTRYINDEX, MAPS_KEY) == LUA_TTABLE) return;
+  lua_pop(L, 1);
+  lua_newtable(L);
+  lua_createtable(L, 0, 1);
+  lua_pushliteral(L, "v");     /* a mapping goes with its last Array */
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, LUA_REGISTRYINDEX, MAPS_KEY);
+}
+
+/* Pushes and returns the live mapping cached under 'key', or returns NULL
+** and pushes nothing.  A closed one (its Arrays all closed, not yet
+** collected) does not count. */
+static mp_Map *find_map(lua_State *L, const char *key) {
+  mp_Map *m;
+  push_cache(L);
+  lua_getfield(L, -1, key);
+  m = (mp_Map *)luaL_testudata(L, -1, MAP_T);
+  if (m && m->seg.base) {
+    lua_remove(L, -2);
+    return m;
+  }
+  lua_pop(L, 2);
+  return NULL;
+}
+
+/* Caches the mapping at the top of the stack under 'key'. */
+static void remember_map(lua_State *L, const char *key) {
+  push_cache(L);
+  lua_pushvalue(L, -2);
+  lua_setfield(L, -2, key);
+  lua_pop(L, 1);
+}
+
+/* A mapping found in the cache must still have the size expected: the
+** elements beyond it would not be mapped. */
+static void check_cached(lua_State *L, const mp_Map *m, size_t size) {
+  if (m->seg.size != size)
+    luaL_error(L, "shared memory has size %I, expected %I",
+               (lua_Integer)m->seg.size, (lua_Integer)size);
+}
+
+mp_Map *mp_map_create(lua_State *L, size_t size, int kind) {
+  mp_Map *m = new_map(L);
+  char key[MAP_KEYLEN];
+  struct stat st;
+  mp_seg_create(L, &m->seg, size, kind);
+  if (kind == MP_SEG_NAME) {
+    remember_map(L, m->seg.name);
+  } else if (fstat(m->seg.fd, &st) == 0) {   /* else just not found later */
+    fd_key(key, &st);
+    remember_map(L, key);
+  }
+  return m;
+}
+
+mp_Map *mp_map_from_fd(lua_State *L, int fd, size_t size) {
+  mp_Map *m = new_map(L), *hit;
+  char key[MAP_KEYLEN];
+  struct stat st;
+  int e;
+  m->seg.fd = fd;              /* closed with m from now on */
+  if ((e = check_stat(L, fd, size, &st)) != 0) goto fail;
+  fd_key(key, &st);
+  /* a hit's seals were checked when it was mapped, and seals stay */
+  if ((hit = find_map(L, key)) != NULL) {
+    mp_seg_close(&m->seg);     /* the duplicate descriptor, at once */
+    lua_remove(L, -2);
+    check_cached(L, hit, size);
+    return hit;
+  }
+  if ((e = check_sealed(L, fd)) != 0) goto fail;
+  if ((e = map_fd(&m->seg, fd, size)) != 0) {
+    mp_push_errno(L, "mmap", e);
+    goto fail;
+  }
+  m->seg.kind = MP_SEG_FD;
+  remember_map(L, key);
+  return m;
+fail:
+  mp_seg_close(&m->seg);       /* now, not at the next collection */
+  lua_error(L);
+  return NULL;
+}
+
+mp_Map *mp_map_from_name(lua_State *L, const char *name, size_t size) {
+  mp_Map *m;
+  /* names are random and never reused: a live mapping of one is its
+  ** memory, with no shm_open, fstat, mmap or munmap */
+  if ((m = find_map(L, name)) != NULL) {
+    check_cached(L, m, size);
+    return m;
+  }
+  m = new_map(L);
+  if (mp_seg_from_name(L, &m->seg, name, size) != 0) lua_error(L);
+  remember_map(L, name);
+  return m;
+}
+
+void mp_map_use(mp_Map *m) {
+  m->users++;
+}
+
+void mp_map_release(mp_Map *m) {
+  if (m->users > 0 && --m->users == 0) mp_seg_close(&m->seg);
+}
+
+/* ------------------------------------------------------------------ */
 
 void mp_open_shm(lua_State *L) {
   static const luaL_Reg funcs[] = {
@@ -492,6 +640,11 @@ void mp_open_shm(lua_State *L) {
     lua_setfield(L, -2, "__close");
     lua_pushcfunction(L, tracker_tostring);
     lua_setfield(L, -2, "__tostring");
+  }
+  lua_pop(L, 1);
+  if (luaL_newmetatable(L, MAP_T)) {
+    lua_pushcfunction(L, map_gc);
+    lua_setfield(L, -2, "__gc");
   }
   lua_pop(L, 1);
   luaL_setfuncs(L, funcs, 0);
