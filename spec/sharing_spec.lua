@@ -17,6 +17,17 @@ describe("sharing strategies", function()
     assert.are.equal("file_system", mp.get_sharing_strategy())
   end)
 
+  it("are the parent's in workers of every start method", function()
+    for _, strategy in ipairs(STRATEGIES) do
+      mp.set_sharing_strategy(strategy)
+      for _, method in ipairs(H.methods) do
+        local r = mp.start_processes(function() return mp.get_sharing_strategy() end,
+                                     {}, 1, true, false, method)
+        assert.are.equal(strategy, r[1], method)
+      end
+    end
+  end)
+
   it("reject an unknown name clearly", function()
     assert.has_error(function() mp.set_sharing_strategy("cuda_ipc") end)
     local ok, err = pcall(mp.set_sharing_strategy, "cuda_ipc")
@@ -179,6 +190,27 @@ for _, method in ipairs(H.methods) do
         assert.is_false(ok)
         assert.matches("SIGKILL", tostring(e))
         assert.are.equal(1, a[1])
+      end)
+
+      it("gives back what a SIGKILLed worker held while the parent runs on", function()
+        local q <close> = mp.Queue()
+        local from_parent <close> = mp.Array("int32", 1)
+        q:put(from_parent)
+        local ok, e = pcall(mp.start_processes, function(_, qq)
+          local got = qq:get()              -- a reference received
+          got[1] = 7
+          local made = mp.Array("int32", 2)  -- made and kept
+          local sent = mp.Array("int32", 1)  -- made and sent: the queue's now
+          made[1], sent[1] = 1, 8
+          qq:put(sent)
+          os.execute("kill -9 " .. io.open("/proc/self/stat"):read("a"):match("^(%d+)"))
+        end, { q }, 1, true, false, method)
+        assert.is_false(ok)
+        assert.matches("SIGKILL", tostring(e))
+        assert.are.equal(7, from_parent[1])
+        local sent <close> = q:get(10)
+        assert.are.equal(8, sent[1])
+        -- after_each: nothing else of the worker's is left in /dev/shm
       end)
 
       it("copies a private array", function()

@@ -165,7 +165,8 @@ static void make_shared(lua_State *L, int idx, Array *a, int kind) {
 }
 
 /* The arrays that hold a file_system reference of this process, weakly:
-** a worker gives them back before its _exit (mp_array_exit). */
+** a worker gives them back before its _exit (mp_array_exit), and lists
+** them in its ledger, for a death with no exit. */
 #define OWNED_KEY "multiprocessing.array.owned"
 
 static void own_reference(lua_State *L, int idx) {
@@ -184,6 +185,7 @@ static void own_reference(lua_State *L, int idx) {
   lua_pushboolean(L, 1);
   lua_rawset(L, -3);
   lua_pop(L, 1);
+  mp_ledger_note(L, toarray(L, idx)->map->seg.name, 1);
 }
 
 /* 'a' is at idx.  Its reference goes before its use of the mapping: the
@@ -192,9 +194,12 @@ static void array_release(lua_State *L, int idx, Array *a) {
   if (!a->data) return;
   idx = lua_absindex(L, idx);
   if (a->map) {
-    if (a->map->seg.kind == MP_SEG_NAME && a->refpid == getpid() &&
-        __atomic_sub_fetch(&hdr_of(a)->refs, 1, __ATOMIC_ACQ_REL) == 0)
-      mp_seg_unlink(L, &a->map->seg);
+    mp_Seg *s = &a->map->seg;
+    if (s->kind == MP_SEG_NAME && a->refpid == getpid()) {
+      mp_ledger_note(L, s->name, -1);
+      if (__atomic_sub_fetch(&hdr_of(a)->refs, 1, __ATOMIC_ACQ_REL) == 0)
+        mp_seg_unlink(L, s);
+    }
     mp_map_release(a->map);
     a->map = NULL;
     lua_pushnil(L);            /* a closed Array keeps no mapping alive */
@@ -208,6 +213,27 @@ static void array_release(lua_State *L, int idx, Array *a) {
 static int array_gc(lua_State *L) {
   array_release(L, 1, toarray(L, 1));
   return 0;
+}
+
+void mp_array_give_back(lua_State *L, const char *name, int64_t n) {
+  int top = lua_gettop(L);
+  mp_Seg s;
+  if (mp_seg_head_from_name(L, &s, name, HDR_SIZE) == 0) {
+    ArrHdr *h = (ArrHdr *)(void *)s.base;
+    uint32_t refs = __atomic_load_n(&h->refs, __ATOMIC_ACQUIRE), left;
+    if (h->magic == ARR_MAGIC && refs > 0) {
+      do left = (uint64_t)n >= refs ? 0 : refs - (uint32_t)n;
+      while (!__atomic_compare_exchange_n(&h->refs, &refs, left, 0,
+                                          __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+      if (left == 0) {
+        s.trkid = h->trkid;
+        s.trkslot = h->trkslot;
+        mp_seg_unlink(L, &s);
+      }
+    }
+    mp_seg_close(&s);
+  }
+  lua_settop(L, top);          /* a name already gone leaves no message */
 }
 
 void mp_array_exit(lua_State *L) {
@@ -578,6 +604,7 @@ static void hold_name(lua_State *L, int idx, Array *a, mp_Writer *w) {
   attach_map(L, -2, pin, a->map);
   pin->refpid = getpid();
   __atomic_add_fetch(&hdr_of(pin)->refs, 1, __ATOMIC_ACQ_REL);
+  mp_ledger_note(L, a->map->seg.name, 1);
   mp_write_hold(L, w);
 }
 

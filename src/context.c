@@ -83,9 +83,16 @@ mp_Context *mp_checkcontext(lua_State *L, int idx) {
   return luaL_checkudata(L, idx, MP_CONTEXT_T);
 }
 
+void mp_context_finish(lua_State *L, mp_Context *ctx) {
+  if (getpid() == ctx->owner)
+    mp_reports_settle(L, &ctx->reports, ctx->started);
+  mp_reports_close(&ctx->reports);
+  ctx->closed = 1;
+}
+
 /* A forked worker inherits its parent's contexts: there, closing one
 ** drops this process's copies of the descriptors and signals nobody. */
-void mp_context_close(mp_Context *ctx, double grace) {
+void mp_context_close(lua_State *L, mp_Context *ctx, double grace) {
   int i;
   if (ctx->closed) return;
   if (getpid() == ctx->owner)
@@ -93,8 +100,7 @@ void mp_context_close(mp_Context *ctx, double grace) {
   else
     for (i = 0; i < ctx->started; i++)
       if (ctx->workers[i].pidfd >= 0) close(ctx->workers[i].pidfd);
-  mp_reports_close(&ctx->reports);
-  ctx->closed = 1;
+  mp_context_finish(L, ctx);
 }
 
 /* Joining or signalling is for the process that started the workers. */
@@ -150,7 +156,7 @@ static int start(lua_State *L, const mp_StartMethod *method, int nprocs,
   ctx->closed = 0;
   if (method->start(L, ctx, ctxidx, 1, 2) != 0) {
     int started = ctx->started;
-    mp_context_close(ctx, 0);
+    mp_context_close(L, ctx, 0);
     mp_payload_release(L, ctxidx);
     return luaL_error(L, "cannot start %d processes with start method \"%s\" "
                          "(%d started, now terminated): %s", nprocs,
@@ -256,14 +262,14 @@ static int ctx_results(lua_State *L) {
 /* close([grace_period]) and __close/__gc: terminate and reap what runs. */
 static int ctx_close(lua_State *L) {
   mp_Context *ctx = mp_checkcontext(L, 1);
-  mp_context_close(ctx, check_seconds(L, 2, "grace_period",
-                                        MP_DEFAULT_GRACE));
+  mp_context_close(L, ctx, check_seconds(L, 2, "grace_period",
+                                           MP_DEFAULT_GRACE));
   mp_payload_release(L, 1);
   return 0;
 }
 
 static int ctx_gc(lua_State *L) {
-  mp_context_close(mp_checkcontext(L, 1), MP_DEFAULT_GRACE);
+  mp_context_close(L, mp_checkcontext(L, 1), MP_DEFAULT_GRACE);
   mp_payload_release(L, 1);
   return 0;
 }

@@ -434,8 +434,7 @@ static void settle(lua_State *L, mp_Context *ctx, int ctxidx) {
   lua_insert(L, -2);
   lua_setfield(L, -2, "failure");
   lua_pop(L, 1);
-  mp_reports_close(&ctx->reports);
-  ctx->closed = 1;
+  mp_context_finish(L, ctx);
   mp_payload_release(L, ctxidx);
 }
 

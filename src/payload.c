@@ -6,9 +6,11 @@
 ** worker maps.
 **
 ** Layout: Header, then two codec messages:
-**   environment  {path, cpath, cwd, arg, environ} in MP_CODEC_DATA: it is
-**                applied first, because decoding fn may require modules,
-**                which needs the parent's package.path and directory;
+**   environment  {path, cpath, cwd, arg, environ, sharing} in
+**                MP_CODEC_DATA: it is applied first, because decoding fn
+**                may require modules, which needs the parent's package.path
+**                and directory; 'sharing' is the sharing strategy, so the
+**                worker shares as a forked one would;
 **   main         fn, args in MP_CODEC_FUNCTIONS (bytecode, upvalues,
 **                module references), with the codec's descriptors.
 ** The memfd is private to the parent and its workers (it has no name) and
@@ -25,6 +27,7 @@
 
 #include "codec.h"
 #include "mp.h"
+#include "sharing.h"
 
 #define PAYLOAD_T "multiprocessing.Payload"
 #define MAGIC "LMPPAYL1"
@@ -118,7 +121,7 @@ static void push_arg_copy(lua_State *L) {
 static void push_environment(lua_State *L) {
   char *cwd = getcwd(NULL, 0);
   int i;
-  lua_createtable(L, 0, 5);
+  lua_createtable(L, 0, 6);
   if (lua_getglobal(L, "package") == LUA_TTABLE) {
     lua_getfield(L, -1, "path");
     lua_setfield(L, -3, "path");
@@ -133,6 +136,8 @@ static void push_environment(lua_State *L) {
   }
   push_arg_copy(L);
   lua_setfield(L, -2, "arg");
+  lua_pushinteger(L, mp_sharing_strategy(L));
+  lua_setfield(L, -2, "sharing");
   /* A forkserver was started with an older environment than ours. */
   lua_newtable(L);
   for (i = 0; environ != NULL && environ[i] != NULL; i++) {
@@ -234,7 +239,7 @@ mp_Payload *mp_payload_push(lua_State *L, mp_Context *ctx, int ctxidx,
   push_fn_name(L, fn);
   if (lua_pcall(L, 3, 1, 0) != LUA_OK) {
     /* Nothing started: the error is the codec's own message, as is. */
-    mp_context_close(ctx, 0);
+    mp_context_close(L, ctx, 0);
     lua_error(L);
   }
   lua_getiuservalue(L, ctxidx, 1);
@@ -312,6 +317,9 @@ static void apply_environment(lua_State *L, int env) {
     lua_setglobal(L, "arg");
   else
     lua_pop(L, 1);
+  lua_getfield(L, env, "sharing");
+  mp_set_sharing_strategy(L, (int)lua_tointeger(L, -1));
+  lua_pop(L, 1);
 }
 
 /* Protected: the Load at 1 -> fn, args. */

@@ -17,6 +17,9 @@
 ** hands a rank's last ones to the decoder of its report, whose header says
 ** how many there are.  The parent holds the workers' end only until they
 ** have all started.
+**
+** The last MP_LEDGER_BYTES of a slot hold the worker's ledger of file_system
+** references (ledger.c), read when the context settles.
 */
 #include <errno.h>
 #include <fcntl.h>
@@ -32,6 +35,7 @@
 #include "sharing.h"
 
 #define SLOT_SIZE ((off_t)1 << 32)   /* a report may take up to 4 GiB */
+#define MAX_REPORT (SLOT_SIZE - MP_LEDGER_BYTES - (off_t)sizeof(Header))
 #define MAX_REPORT_FDS (1u << 20)    /* more than any process may hold */
 
 typedef struct Header {
@@ -197,7 +201,7 @@ int mp_reports_put(const mp_ReportTo *to, int rank, int kind,
   off_t slot = (off_t)rank * SLOT_SIZE;
   Header h;
   int err;
-  if (size > (size_t)(SLOT_SIZE - (off_t)sizeof h) || nfds > UINT32_MAX)
+  if (size > (size_t)MAX_REPORT || nfds > UINT32_MAX)
     return EFBIG;
   if (nfds > 0 && (err = send_fds(to->sock, rank, fds, nfds)) != 0)
     return err;
@@ -225,7 +229,7 @@ int mp_reports_take(mp_Reports *r, int rank, int kind, mp_Report *out) {
   memset(out, 0, sizeof *out);
   if (r->fd < 0 || read_at(r->fd, &h, sizeof h, slot) != 0 ||
       h.kind != (uint32_t)kind ||
-      h.size > (uint64_t)(SLOT_SIZE - (off_t)sizeof h))
+      h.size > (uint64_t)MAX_REPORT)
     return 0;
   out->data = malloc((size_t)h.size + 1);
   out->fds = malloc(sizeof(int) * (h.nfds ? h.nfds : 1));
@@ -248,4 +252,17 @@ int mp_reports_take(mp_Reports *r, int rank, int kind, mp_Report *out) {
   out->data[h.size] = '\0';
   out->size = (size_t)h.size;
   return 1;
+}
+
+/* --- ledgers ------------------------------------------------------------- */
+
+off_t mp_reports_ledger_at(int rank) {
+  return (off_t)(rank + 1) * SLOT_SIZE - MP_LEDGER_BYTES;
+}
+
+void mp_reports_settle(lua_State *L, mp_Reports *r, int n) {
+  int rank;
+  if (r->fd < 0) return;
+  for (rank = 0; rank < n; rank++)
+    mp_ledger_settle(L, r->fd, mp_reports_ledger_at(rank));
 }

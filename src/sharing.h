@@ -3,6 +3,7 @@
 **
 **   shm.c      shared memory segments (memfd / shm_open), the sharing
 **              strategies, the file_system tracker process, fd passing
+**   ledger.c   the file_system references a worker holds, for its parent
 **   sync.c     waiting (futex, deadlines, interrupts), robust mutexes,
 **              peer slots (liveness), Lock/RLock/Semaphore/Event/Barrier/
 **              Condition
@@ -39,6 +40,7 @@ typedef struct mp_Seg {
 
 /* The strategy of this lua_State: MP_SEG_FD or MP_SEG_NAME. */
 int  mp_sharing_strategy(lua_State *L);
+void mp_set_sharing_strategy(lua_State *L, int kind);
 /* Creates and maps a zeroed segment; raises a Lua error on failure.
 ** MP_SEG_NAME registers the name with the tracker first. */
 void mp_seg_create(lua_State *L, mp_Seg *s, size_t size, int kind);
@@ -48,6 +50,9 @@ void mp_seg_create(lua_State *L, mp_Seg *s, size_t size, int kind);
 int  mp_seg_from_fd(lua_State *L, mp_Seg *s, int fd, size_t size, int sealed);
 /* Opens and maps a file_system segment by name (the fd is closed again). */
 int  mp_seg_from_name(lua_State *L, mp_Seg *s, const char *name, size_t size);
+/* The same for only the first 'size' bytes of one at least that big. */
+int  mp_seg_head_from_name(lua_State *L, mp_Seg *s, const char *name,
+                           size_t size);
 /* Unmaps and closes (idempotent). */
 void mp_seg_close(mp_Seg *s);
 /* Removes the name of a MP_SEG_NAME segment and tells the tracker. */
@@ -82,6 +87,19 @@ void mp_map_release(mp_Map *m);
 /* Before a worker's _exit: gives back the file_system references its
 ** arrays hold (array.c), as their __gc would have. */
 void mp_array_exit(lua_State *L);
+/* Gives back 'n' references a dead worker held on the file_system array
+** 'name'; the last one unlinks it (array.c). */
+void mp_array_give_back(lua_State *L, const char *name, int64_t n);
+
+/* --- ledger.c: the file_system references a worker holds --- */
+/* Room for a worker's ledger at the end of its report slot (reports.c). */
+#define MP_LEDGER_BYTES ((off_t)3 << 20)
+/* In a worker: its ledger is at 'at' in the report memfd 'fd'. */
+void mp_ledger_open(lua_State *L, int fd, off_t at);
+/* This process took (+1) or gave back (-1) a reference on 'name'. */
+void mp_ledger_note(lua_State *L, const char *name, int delta);
+/* In the parent, the worker gone: gives back what its ledger lists. */
+void mp_ledger_settle(lua_State *L, int fd, off_t at);
 
 
 /* --- sync.c: waiting --- */

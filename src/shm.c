@@ -17,7 +17,8 @@
 **   the table) as soon as their reference count drops to zero (array.c).
 **   A tracker started in a worker outlives the worker while the worker's
 **   parent runs and one of its names exists: its results and messages are
-**   opened by their receivers after it is gone.
+**   opened by their receivers after it is gone.  The references a killed
+**   worker held are given back sooner, by its parent (ledger.c).
 */
 #include <errno.h>
 #include <fcntl.h>
@@ -59,6 +60,11 @@ int mp_sharing_strategy(lua_State *L) {
   return s;
 }
 
+void mp_set_sharing_strategy(lua_State *L, int kind) {
+  lua_pushinteger(L, kind == MP_SEG_NAME ? MP_SEG_NAME : MP_SEG_FD);
+  lua_setfield(L, LUA_REGISTRYINDEX, STRATEGY_KEY);
+}
+
 static int l_get_all_strategies(lua_State *L) {
   lua_createtable(L, 0, 2);
   lua_pushboolean(L, 1);
@@ -83,8 +89,7 @@ static int l_set_strategy(lua_State *L) {
     return luaL_argerror(L, 1, lua_pushfstring(L,
         "unknown sharing strategy '%s' (expected 'file_descriptor' or "
         "'file_system')", name));
-  lua_pushinteger(L, i == 0 ? MP_SEG_FD : MP_SEG_NAME);
-  lua_setfield(L, LUA_REGISTRYINDEX, STRATEGY_KEY);
+  mp_set_sharing_strategy(L, i == 0 ? MP_SEG_FD : MP_SEG_NAME);
   return 0;
 }
 
@@ -446,7 +451,11 @@ fail:
   return e;
 }
 
-int mp_seg_from_name(lua_State *L, mp_Seg *s, const char *name, size_t size) {
+/* Maps the first 'size' bytes of the segment 'name', whose size must be
+** exactly that, or when not 'exact' at least that. */
+static int map_name(lua_State *L, mp_Seg *s, const char *name, size_t size,
+                    int exact) {
+  struct stat st;
   int fd, e;
   seg_init(s);
   if (name[0] != '/' || strlen(name) >= MP_SHM_NAMELEN || strchr(name + 1, '/')) {
@@ -461,7 +470,15 @@ int mp_seg_from_name(lua_State *L, mp_Seg *s, const char *name, size_t size) {
                   e);
     return e;
   }
-  if ((e = check_size(L, fd, size)) == 0 && (e = map_fd(s, fd, size)) != 0)
+  if (exact)
+    e = check_size(L, fd, size);
+  else if (fstat(fd, &st) != 0)
+    e = mp_push_errno(L, "fstat", errno);
+  else if (st.st_size < 0 || (size_t)st.st_size < size)
+    e = mp_push_errno(L, "shared memory too small", EINVAL);
+  else
+    e = 0;
+  if (e == 0 && (e = map_fd(s, fd, size)) != 0)
     mp_push_errno(L, "mmap", e);
   close(fd);
   if (e == 0) {
@@ -469,6 +486,15 @@ int mp_seg_from_name(lua_State *L, mp_Seg *s, const char *name, size_t size) {
     strcpy(s->name, name);
   }
   return e;
+}
+
+int mp_seg_from_name(lua_State *L, mp_Seg *s, const char *name, size_t size) {
+  return map_name(L, s, name, size, 1);
+}
+
+int mp_seg_head_from_name(lua_State *L, mp_Seg *s, const char *name,
+                          size_t size) {
+  return map_name(L, s, name, size, 0);
 }
 
 void mp_seg_close(mp_Seg *s) {

@@ -231,6 +231,7 @@ void mp_worker_run(lua_State *L, int fn, int args, int rank,
   fn = lua_absindex(L, fn);
   args = lua_absindex(L, args);
   mp_sharing_worker(L, getppid());
+  mp_ledger_open(L, to->fd, mp_reports_ledger_at(rank));
   /* Nothing may unwind past here: in a fork, what lies below is a copy
   ** of the parent's stack. */
   lua_pushcfunction(L, run_worker);

@@ -1,0 +1,173 @@
+/*
+** ledger.c -- the file_system references a worker holds, written where its
+** parent can read them after the worker is gone.
+**
+** A worker that exits normally gives its references back (mp_array_exit);
+** a killed one cannot, and its names would stay in /dev/shm until the
+** tracker removes them at the end of the whole job.  So each worker keeps a
+** ledger in its slot of the context's report memfd (reports.c): the names
+** it holds references on, and how many.  An entry is written with one
+** pwrite, so a kill never leaves half of one.  The order of updates never
+** overcounts: a reference is taken before it is entered, and leaves the
+** ledger before it is given back.  When the context settles, its parent
+** gives back what each ledger still lists (mp_ledger_settle); the last
+** reference unlinks the name.  What a kill between the two steps leaves,
+** or what does not fit in a full ledger, the tracker still removes.
+**
+** The worker's side lives in its registry: a Ledger userdata whose
+** uservalues map each name to its entry's index, each index to its count
+** (so that an update is one 8-byte pwrite), and list the free entries.
+*/
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mp.h"
+#include "sharing.h"
+
+#define LEDGER_T   "multiprocessing.Ledger"
+#define LEDGER_KEY "multiprocessing.ledger"
+
+enum { UV_INDEX = 1, UV_HELD, UV_FREE, UV_N = UV_FREE };
+
+typedef struct Entry {
+  char name[MP_SHM_NAMELEN];
+  int64_t held;                 /* references; 0: a free entry */
+} Entry;
+
+/* At 'at': the number of entries ever used, then the entries. */
+#define LEDGER_HEAD    ((off_t)sizeof(uint64_t))
+#define LEDGER_ENTRIES ((uint64_t)((MP_LEDGER_BYTES - LEDGER_HEAD) / \
+                                   (off_t)sizeof(Entry)))
+
+typedef struct Ledger {
+  int fd;                       /* the context's report memfd */
+  off_t at;                     /* where this worker's ledger starts */
+  pid_t owner;                  /* a fork of the worker writes no ledger */
+  uint64_t used;                /* entries ever used */
+} Ledger;
+
+static off_t entry_at(const Ledger *g, lua_Integer k) {
+  return g->at + LEDGER_HEAD + (off_t)k * (off_t)sizeof(Entry);
+}
+
+static int put(int fd, const void *p, size_t n, off_t at) {
+  ssize_t k;
+  do k = pwrite(fd, p, n, at); while (k < 0 && errno == EINTR);
+  return k == (ssize_t)n;
+}
+
+/* Its tables come with the first reference: most workers never take one. */
+void mp_ledger_open(lua_State *L, int fd, off_t at) {
+  Ledger *g = (Ledger *)lua_newuserdatauv(L, sizeof(Ledger), UV_N);
+  g->fd = fd;
+  g->at = at;
+  g->owner = getpid();
+  g->used = 0;
+  luaL_newmetatable(L, LEDGER_T);   /* a name for luaL_testudata */
+  lua_setmetatable(L, -2);
+  lua_setfield(L, LUA_REGISTRYINDEX, LEDGER_KEY);
+}
+
+/* Pushes this process's ledger and returns it, or returns NULL and pushes
+** nothing (not a worker, or a fork of one). */
+static Ledger *own_ledger(lua_State *L) {
+  Ledger *g;
+  int uv;
+  lua_getfield(L, LUA_REGISTRYINDEX, LEDGER_KEY);
+  g = (Ledger *)luaL_testudata(L, -1, LEDGER_T);
+  if (g == NULL || g->owner != getpid()) {
+    lua_pop(L, 1);
+    return NULL;
+  }
+  if (lua_getiuservalue(L, -1, UV_INDEX) == LUA_TNIL)
+    for (uv = 1; uv <= UV_N; uv++) {
+      lua_newtable(L);
+      lua_setiuservalue(L, -3, uv);
+    }
+  lua_pop(L, 1);
+  return g;
+}
+
+/* A free entry for a new name (from the free list at 'free'), or -1 when
+** the ledger is full. */
+static lua_Integer new_entry(lua_State *L, Ledger *g, int free) {
+  lua_Integer n = (lua_Integer)lua_rawlen(L, free), k;
+  uint64_t used = g->used + 1;
+  if (n > 0) {
+    lua_rawgeti(L, free, n);
+    k = lua_tointeger(L, -1);
+    lua_pop(L, 1);
+    lua_pushnil(L);
+    lua_rawseti(L, free, n);
+    return k;
+  }
+  if (g->used >= LEDGER_ENTRIES || !put(g->fd, &used, sizeof used, g->at))
+    return -1;
+  return (lua_Integer)g->used++;
+}
+
+void mp_ledger_note(lua_State *L, const char *name, int delta) {
+  Ledger *g = own_ledger(L);
+  int gi, index, heldt, free;
+  lua_Integer k;
+  int64_t held;
+  if (g == NULL) return;
+  gi = lua_gettop(L);
+  lua_getiuservalue(L, gi, UV_INDEX);
+  lua_getiuservalue(L, gi, UV_HELD);
+  lua_getiuservalue(L, gi, UV_FREE);
+  index = gi + 1, heldt = gi + 2, free = gi + 3;
+  if (lua_getfield(L, index, name) == LUA_TNUMBER) {
+    k = lua_tointeger(L, -1);
+    lua_rawgeti(L, heldt, k);
+    held = (int64_t)lua_tointeger(L, -1) + delta;
+    if (held < 0) held = 0;
+    put(g->fd, &held, sizeof held, entry_at(g, k) + offsetof(Entry, held));
+  } else if (delta > 0 && (k = new_entry(L, g, free)) >= 0) {
+    Entry e;
+    memset(&e, 0, sizeof e);
+    memcpy(e.name, name, strnlen(name, MP_SHM_NAMELEN - 1));
+    e.held = held = delta;
+    put(g->fd, &e, sizeof e, entry_at(g, k));
+  } else {
+    lua_settop(L, gi - 1);      /* full: the tracker has it still */
+    return;
+  }
+  if (held > 0) {
+    lua_pushinteger(L, k);
+    lua_setfield(L, index, name);
+    lua_pushinteger(L, (lua_Integer)held);
+    lua_rawseti(L, heldt, k);
+  } else {                      /* the entry is free again */
+    lua_pushnil(L);
+    lua_setfield(L, index, name);
+    lua_pushnil(L);
+    lua_rawseti(L, heldt, k);
+    lua_pushinteger(L, k);
+    lua_rawseti(L, free, (lua_Integer)lua_rawlen(L, free) + 1);
+  }
+  lua_settop(L, gi - 1);
+}
+
+void mp_ledger_settle(lua_State *L, int fd, off_t at) {
+  Entry buf[256];
+  uint64_t used, k = 0;
+  if (pread(fd, &used, sizeof used, at) != (ssize_t)sizeof used) return;
+  if (used > (uint64_t)LEDGER_ENTRIES) used = (uint64_t)LEDGER_ENTRIES;
+  while (k < used) {
+    size_t n = used - k < 256 ? (size_t)(used - k) : 256, i;
+    ssize_t got = pread(fd, buf, n * sizeof(Entry),
+                        at + LEDGER_HEAD + (off_t)k * (off_t)sizeof(Entry));
+    if (got < (ssize_t)sizeof(Entry)) return;
+    n = (size_t)got / sizeof(Entry);
+    for (i = 0; i < n; i++)
+      if (buf[i].held > 0) {
+        buf[i].name[MP_SHM_NAMELEN - 1] = '\0';
+        mp_array_give_back(L, buf[i].name, buf[i].held);
+      }
+    k += n;
+  }
+}
