@@ -17,8 +17,17 @@ BUSTED     ?= busted
 LUA_CFLAGS   := $(shell $(PKG_CONFIG) --cflags lua5.4)
 LUA_LIBS     := $(shell $(PKG_CONFIG) --libs lua5.4)
 PREFIX       ?= /usr/local
-INSTALL_CMOD ?= $(shell $(PKG_CONFIG) --define-variable=prefix=$(PREFIX) --variable=INSTALL_CMOD lua5.4)
-INSTALL_LMOD ?= $(shell $(PKG_CONFIG) --define-variable=prefix=$(PREFIX) --variable=INSTALL_LMOD lua5.4)
+# Where lua5.4 looks: pkg-config's dirs under its own prefix (Debian's C
+# dir is multiarch), else the dirs its default package.cpath and
+# package.path list for any other prefix, such as /usr/local.
+LUA_PREFIX   := $(shell $(PKG_CONFIG) --variable=prefix lua5.4)
+ifeq ($(PREFIX),$(LUA_PREFIX))
+INSTALL_CMOD ?= $(shell $(PKG_CONFIG) --variable=INSTALL_CMOD lua5.4)
+INSTALL_LMOD ?= $(shell $(PKG_CONFIG) --variable=INSTALL_LMOD lua5.4)
+else
+INSTALL_CMOD ?= $(PREFIX)/lib/lua/5.4
+INSTALL_LMOD ?= $(PREFIX)/share/lua/5.4
+endif
 INSTALL_BIN  ?= $(PREFIX)/bin
 
 WARNINGS = -Wall -Wextra -Werror -Wshadow -Wpointer-arith -Wcast-qual \
