@@ -18,8 +18,10 @@
 ** how many there are.  The parent holds the workers' end only until they
 ** have all started.
 **
-** The last MP_LEDGER_BYTES of a slot hold the worker's ledger of file_system
-** references (ledger.c), read when the context settles.
+** A slot starts with the worker's ledger of file_system references
+** (ledger.c, MP_LEDGER_BYTES, read when the context settles); its report
+** follows.  Rank 0's report and ledger are at the start of the file, so a
+** single worker writes nowhere near an RLIMIT_FSIZE.
 */
 #include <errno.h>
 #include <fcntl.h>
@@ -168,6 +170,9 @@ static int send_fds(int sock, int rank, const int *fds, size_t nfds) {
 
 /* --- the file ------------------------------------------------------------ */
 
+static off_t report_at(int rank) {
+  return (off_t)rank * SLOT_SIZE + MP_LEDGER_BYTES;
+}
 
 static int write_at(int fd, const void *p, size_t n, off_t at) {
   const char *s = p;
@@ -198,7 +203,7 @@ static int read_at(int fd, void *p, size_t n, off_t at) {
 int mp_reports_put(const mp_ReportTo *to, int rank, int kind,
                    const char *data, size_t size, const int *fds,
                    size_t nfds) {
-  off_t slot = (off_t)rank * SLOT_SIZE;
+  off_t slot = report_at(rank);
   Header h;
   int err;
   if (size > (size_t)MAX_REPORT || nfds > UINT32_MAX)
@@ -223,7 +228,7 @@ void mp_report_free(mp_Report *rep) {
 }
 
 int mp_reports_take(mp_Reports *r, int rank, int kind, mp_Report *out) {
-  off_t slot = (off_t)rank * SLOT_SIZE;
+  off_t slot = report_at(rank);
   Header h;
   int err = 0;
   memset(out, 0, sizeof *out);
@@ -257,7 +262,7 @@ int mp_reports_take(mp_Reports *r, int rank, int kind, mp_Report *out) {
 /* --- ledgers ------------------------------------------------------------- */
 
 off_t mp_reports_ledger_at(int rank) {
-  return (off_t)(rank + 1) * SLOT_SIZE - MP_LEDGER_BYTES;
+  return (off_t)rank * SLOT_SIZE;
 }
 
 void mp_reports_settle(lua_State *L, mp_Reports *r, int n) {
