@@ -288,11 +288,19 @@ for _, method in ipairs(H.methods) do
       assert.are.equal("before;worker;worker;after", out)
     end)
 
-    it("takes the workers down when the parent is SIGKILLed", function()
+    it("takes the workers and their children down when the parent is SIGKILLed", function()
       local pidfile = os.tmpname()
       local script = run_script(([[
         local mp = require "multiprocessing"
         local ctx = mp.start_processes(function() os.execute("sleep 30") end, {}, 2, false, false, %q)
+        -- each worker has started its shell, and the shell its sleep
+        for _, pid in ipairs(ctx:pids()) do
+          local function child(p)
+            local f = io.open("/proc/" .. p .. "/task/" .. p .. "/children")
+            return f and f:read("a"):match("%%d+")
+          end
+          repeat until child(pid) and child(child(pid))
+        end
         local f = io.open(%q, "w")
         f:write(io.open("/proc/self/stat"):read("a"):match("^%%d+"), " ", table.concat(ctx:pids(), " "))
         f:close()
@@ -307,6 +315,9 @@ for _, method in ipairs(H.methods) do
       os.remove(script)
       for i = 2, 3 do
         assert.is_true(H.eventually(function() return not H.alive(list[i]) end, 2))
+        -- nothing left in the worker's process group: no orphaned sleep
+        assert.is_true(H.eventually(function() return #H.group(list[i]) == 0 end, 2),
+                       "children of worker " .. list[i] .. " left")
       end
     end)
 

@@ -60,6 +60,22 @@ local function lines(cmd)
   return out
 end
 
+--- The live processes of process group 'pgid' (a worker's group: the
+-- worker and what it started).
+function H.group(pgid)
+  local members = {}
+  for _, dir in ipairs(lines("ls /proc")) do
+    local stat = dir:match("^%d+$") and read("/proc/" .. dir .. "/stat")
+    local state, group
+    -- after the command's ")": state, ppid, pgrp
+    if stat then state, group = stat:match("%) (%a) %d+ (%d+)") end
+    if group and tonumber(group) == tonumber(pgid) and state ~= "Z" then
+      members[#members + 1] = tonumber(dir)
+    end
+  end
+  return members
+end
+
 --- Our open fds (the listing's own pipe included, in every snapshot alike;
 -- the forkserver's left out).
 function H.fds()

@@ -16,7 +16,7 @@
 **
 ** The worker's side lives in its registry: a Ledger userdata whose
 ** uservalues map each name to its entry's index, each index to its count
-** (so that an update is one 8-byte pwrite), and list the free entries.
+** (so that an update is one 8-byte pwrite), and list the spare entries.
 */
 #include <errno.h>
 #include <stddef.h>
@@ -30,7 +30,7 @@
 #define LEDGER_T   "multiprocessing.Ledger"
 #define LEDGER_KEY "multiprocessing.ledger"
 
-enum { UV_INDEX = 1, UV_HELD, UV_FREE, UV_N = UV_FREE };
+enum { UV_NAMES = 1, UV_COUNTS, UV_SPARE, UV_N = UV_SPARE };
 
 typedef struct Entry {
   char name[MP_SHM_NAMELEN];
@@ -82,7 +82,7 @@ static Ledger *own_ledger(lua_State *L) {
     lua_pop(L, 1);
     return NULL;
   }
-  if (lua_getiuservalue(L, -1, UV_INDEX) == LUA_TNIL)
+  if (lua_getiuservalue(L, -1, UV_NAMES) == LUA_TNIL)
     for (uv = 1; uv <= UV_N; uv++) {
       lua_newtable(L);
       lua_setiuservalue(L, -3, uv);
@@ -91,17 +91,17 @@ static Ledger *own_ledger(lua_State *L) {
   return g;
 }
 
-/* A free entry for a new name (from the free list at 'free'), or -1 when
-** the ledger is full. */
-static lua_Integer new_entry(lua_State *L, Ledger *g, int free) {
-  lua_Integer n = (lua_Integer)lua_rawlen(L, free), k;
+/* An entry for a new name: a spare one (the list at 'spare'), else one
+** never used; -1 when the ledger is full. */
+static lua_Integer new_entry(lua_State *L, Ledger *g, int spare) {
+  lua_Integer n = (lua_Integer)lua_rawlen(L, spare), k;
   uint64_t used = g->used + 1;
   if (n > 0) {
-    lua_rawgeti(L, free, n);
+    lua_rawgeti(L, spare, n);
     k = lua_tointeger(L, -1);
     lua_pop(L, 1);
     lua_pushnil(L);
-    lua_rawseti(L, free, n);
+    lua_rawseti(L, spare, n);
     return k;
   }
   if (g->used >= LEDGER_ENTRIES || !put(g->fd, &used, sizeof used, g->at))
@@ -111,22 +111,22 @@ static lua_Integer new_entry(lua_State *L, Ledger *g, int free) {
 
 void mp_ledger_note(lua_State *L, const char *name, int delta) {
   Ledger *g = own_ledger(L);
-  int gi, index, heldt, free;
+  int gi, names, counts, spare;
   lua_Integer k;
   int64_t held;
   if (g == NULL) return;
   gi = lua_gettop(L);
-  lua_getiuservalue(L, gi, UV_INDEX);
-  lua_getiuservalue(L, gi, UV_HELD);
-  lua_getiuservalue(L, gi, UV_FREE);
-  index = gi + 1, heldt = gi + 2, free = gi + 3;
-  if (lua_getfield(L, index, name) == LUA_TNUMBER) {
+  lua_getiuservalue(L, gi, UV_NAMES);
+  lua_getiuservalue(L, gi, UV_COUNTS);
+  lua_getiuservalue(L, gi, UV_SPARE);
+  names = gi + 1, counts = gi + 2, spare = gi + 3;
+  if (lua_getfield(L, names, name) == LUA_TNUMBER) {
     k = lua_tointeger(L, -1);
-    lua_rawgeti(L, heldt, k);
+    lua_rawgeti(L, counts, k);
     held = (int64_t)lua_tointeger(L, -1) + delta;
     if (held < 0) held = 0;
     put(g->fd, &held, sizeof held, entry_at(g, k) + offsetof(Entry, held));
-  } else if (delta > 0 && (k = new_entry(L, g, free)) >= 0) {
+  } else if (delta > 0 && (k = new_entry(L, g, spare)) >= 0) {
     Entry e;
     memset(&e, 0, sizeof e);
     memcpy(e.name, name, strnlen(name, MP_SHM_NAMELEN - 1));
@@ -138,16 +138,16 @@ void mp_ledger_note(lua_State *L, const char *name, int delta) {
   }
   if (held > 0) {
     lua_pushinteger(L, k);
-    lua_setfield(L, index, name);
+    lua_setfield(L, names, name);
     lua_pushinteger(L, (lua_Integer)held);
-    lua_rawseti(L, heldt, k);
-  } else {                      /* the entry is free again */
+    lua_rawseti(L, counts, k);
+  } else {                      /* the entry is spare again */
     lua_pushnil(L);
-    lua_setfield(L, index, name);
+    lua_setfield(L, names, name);
     lua_pushnil(L);
-    lua_rawseti(L, heldt, k);
+    lua_rawseti(L, counts, k);
     lua_pushinteger(L, k);
-    lua_rawseti(L, free, (lua_Integer)lua_rawlen(L, free) + 1);
+    lua_rawseti(L, spare, (lua_Integer)lua_rawlen(L, spare) + 1);
   }
   lua_settop(L, gi - 1);
 }

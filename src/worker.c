@@ -19,15 +19,33 @@
 ** message is) around a visible marker. */
 #define REPORT_MAX  (1024 * 1024)
 
+/* The parent's death reaches a worker as this signal, whose handler takes
+** the worker's whole process group down: the programs the worker started
+** die with it instead of living on as orphans.  Not SIGKILL, which runs no
+** handler; a real-time signal, which user code hardly ever uses, and whose
+** default action (before the handler is set, or after an exec) still
+** terminates. */
+#define PARENT_DIED (SIGRTMAX - 2)
+
+static void on_parent_death(int sig) {
+  (void)sig;
+  kill(0, SIGKILL);                /* the group, the worker included */
+}
+
 void mp_worker_detach(pid_t parent) {
   static const int resets[] = {SIGINT, SIGTERM};
+  struct sigaction died;
   sigset_t set;
   size_t i;
   /* Our own process group: Ctrl-C at the terminal reaches the parent only,
   ** and terminating the worker's group takes its children too. */
   setpgid(0, 0);
   /* Die with the parent; if it died before prctl, nobody will signal us. */
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  memset(&died, 0, sizeof died);
+  died.sa_handler = on_parent_death;
+  sigemptyset(&died.sa_mask);
+  sigaction(PARENT_DIED, &died, NULL);
+  prctl(PR_SET_PDEATHSIG, PARENT_DIED);
   if (getppid() != parent) _exit(1);
   /* As exec would: a handler the parent installed for these is dropped, so
   ** SIGTERM and SIGINT terminate the worker; an ignored signal stays so. */
@@ -41,6 +59,7 @@ void mp_worker_detach(pid_t parent) {
     }
     sigaddset(&set, resets[i]);
   }
+  sigaddset(&set, PARENT_DIED);
   sigprocmask(SIG_UNBLOCK, &set, NULL);
 }
 
