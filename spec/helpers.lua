@@ -76,14 +76,19 @@ function H.group(pgid)
   return members
 end
 
---- Our open fds (the listing's own pipe included, in every snapshot alike;
--- the forkserver's left out).
+--- Our open fds, the forkserver's and the listing's own pipe left out: both
+-- ends of that pipe, since popen may not have closed the write end here yet
+-- when ls reads the directory.
 function H.fds()
   local skip = {}
   for _, fd in ipairs((H.forkserver() or { fds = {} }).fds) do skip[fd] = true end
+  local listing = lines(("readlink /proc/$$/fd/1; ls -l /proc/%d/fd"):format(H.pid()))
+  local own = listing[1]
   local out = {}
-  for _, fd in ipairs(lines("ls /proc/" .. H.pid() .. "/fd")) do
-    if not skip[tonumber(fd)] then out[#out + 1] = tonumber(fd) end
+  for i = 2, #listing do
+    local fd, target = listing[i]:match("(%d+) %-> (.*)$")
+    fd = tonumber(fd)
+    if fd and target ~= own and not skip[fd] then out[#out + 1] = fd end
   end
   table.sort(out)
   return out
@@ -126,7 +131,8 @@ function H.check(before)
   collectgarbage()
   collectgarbage()
   assert.are.same({}, H.children(), "child processes left")
-  assert.are.same(before.fds, H.fds(), "fds left open")
+  assert.are.same(before.fds, H.fds(), "fds left open:\n" ..
+                  H.sh("ls -l /proc/" .. H.pid() .. "/fd"))
   assert.are.same(before.errdirs, H.errdirs(), "report files left")
   assert.are.same(before.shm, H.shm(), "/dev/shm entries left")
 end
