@@ -693,32 +693,19 @@ static const luaL_Reg methods[] = {
   {"close", m_close}, {NULL, NULL}
 };
 
-static void newtype(lua_State *L, const char *tname) {
-  luaL_newmetatable(L, tname);
-  lua_pushcfunction(L, array_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_pushcfunction(L, array_gc);
-  lua_setfield(L, -2, "__close");
-  lua_pushcfunction(L, mt_tostring);
-  lua_setfield(L, -2, "__tostring");
-  lua_pushcfunction(L, mt_index);
-  lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, mt_newindex);
-  lua_setfield(L, -2, "__newindex");
-  lua_pushcfunction(L, mt_len);
-  lua_setfield(L, -2, "__len");
-  lua_newtable(L);
-  luaL_setfuncs(L, methods, 0);
-  lua_setfield(L, -2, "__methods");
-  lua_pop(L, 1);
-}
+static const luaL_Reg meta[] = {
+  {"__gc", array_gc}, {"__close", array_gc}, {"__tostring", mt_tostring},
+  {"__index", mt_index}, {"__newindex", mt_newindex}, {"__len", mt_len},
+  {NULL, NULL}
+};
 
 void mp_open_array(lua_State *L) {
   static const luaL_Reg funcs[] = {
     {"Array", new_array}, {"Value", new_value}, {NULL, NULL}
   };
-  newtype(L, ARRAY_T);
-  newtype(L, VALUE_T);
+  mp_new_class(L, ARRAY_T, meta, methods);
+  mp_new_class(L, VALUE_T, meta, methods);
+  lua_pop(L, 2);
   mp_codec_register(L, &array_codec);
   mp_codec_register(L, &value_codec);
   luaL_setfuncs(L, funcs, 0);

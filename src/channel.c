@@ -1044,31 +1044,20 @@ static const luaL_Reg conn_methods[] = {
   {"closed", c_closed}, {NULL, NULL}
 };
 
-static void newtype(lua_State *L, const char *tname, const luaL_Reg *m) {
-  luaL_newmetatable(L, tname);
-  lua_pushcfunction(L, c_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_pushcfunction(L, c_gc);
-  lua_setfield(L, -2, "__close");
-  lua_pushcfunction(L, c_tostring);
-  lua_setfield(L, -2, "__tostring");
-  lua_newtable(L);
-  luaL_setfuncs(L, m, 0);
-  lua_setfield(L, -2, "__index");
-  lua_pop(L, 1);
-}
+static const luaL_Reg channel_meta[] = {
+  {"__gc", c_gc}, {"__close", c_gc}, {"__tostring", c_tostring}, {NULL, NULL}
+};
 
 void mp_open_channel(lua_State *L) {
   static const luaL_Reg funcs[] = {
     {"Queue", new_queue}, {"SimpleQueue", new_simple_queue},
     {"Pipe", new_pipe}, {NULL, NULL}
   };
-  newtype(L, QUEUE_T, queue_methods);
-  newtype(L, CONN_T, conn_methods);
-  luaL_newmetatable(L, INBOX_T);
-  lua_pushcfunction(L, inbox_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_pop(L, 1);
+  static const luaL_Reg inbox_meta[] = {{"__gc", inbox_gc}, {NULL, NULL}};
+  mp_new_class(L, QUEUE_T, channel_meta, queue_methods);
+  mp_new_class(L, CONN_T, channel_meta, conn_methods);
+  mp_new_class(L, INBOX_T, inbox_meta, NULL);
+  lua_pop(L, 3);
   mp_codec_register(L, &queue_codec);
   mp_codec_register(L, &conn_codec);
   luaL_setfuncs(L, funcs, 0);

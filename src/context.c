@@ -359,15 +359,6 @@ static int process_tostring(lua_State *L) {
 
 /* --- registration -------------------------------------------------------- */
 
-static void new_class(lua_State *L, const char *tname, const luaL_Reg *meta,
-                      const luaL_Reg *methods_) {
-  luaL_newmetatable(L, tname);
-  luaL_setfuncs(L, meta, 0);
-  lua_newtable(L);
-  luaL_setfuncs(L, methods_, 0);
-  lua_setfield(L, -2, "__methods");
-}
-
 void mp_open_context(lua_State *L) {
   static const luaL_Reg ctx_meta[] = {
     {"__index", ctx_index}, {"__gc", ctx_gc}, {"__close", ctx_gc},
@@ -384,12 +375,12 @@ void mp_open_context(lua_State *L) {
     {"is_alive", process_is_alive}, {"terminate", process_terminate},
     {"kill", process_kill}, {NULL, NULL}
   };
-  new_class(L, MP_CONTEXT_T, ctx_meta, ctx_methods);
+  static const luaL_Reg funcs[] = {
+    {"start_processes", l_start_processes}, {"spawn", l_spawn}, {NULL, NULL}
+  };
+  mp_new_class(L, MP_CONTEXT_T, ctx_meta, ctx_methods);
   lua_setfield(L, -2, "ProcessContext");
-  new_class(L, MP_PROCESS_T, process_meta, process_methods);
+  mp_new_class(L, MP_PROCESS_T, process_meta, process_methods);
   lua_setfield(L, -2, "Process");
-  lua_pushcfunction(L, l_start_processes);
-  lua_setfield(L, -2, "start_processes");
-  lua_pushcfunction(L, l_spawn);
-  lua_setfield(L, -2, "spawn");
+  luaL_setfuncs(L, funcs, 0);
 }

@@ -20,6 +20,20 @@ int mp_push_errno(lua_State *L, const char *what, int err) {
   return err;
 }
 
+void mp_new_class(lua_State *L, const char *tname, const luaL_Reg *meta,
+                  const luaL_Reg *methods) {
+  int own_index;
+  luaL_newmetatable(L, tname);
+  luaL_setfuncs(L, meta, 0);
+  own_index = lua_getfield(L, -1, "__index") != LUA_TNIL;
+  lua_pop(L, 1);
+  if (methods != NULL) {
+    lua_newtable(L);
+    luaL_setfuncs(L, methods, 0);
+    lua_setfield(L, -2, own_index ? "__methods" : "__index");
+  }
+}
+
 /* For __index functions: pushes the entry named by the key at 2 in the
 ** __methods table of the metatable of the value at 1. */
 void mp_push_method(lua_State *L) {

@@ -157,8 +157,9 @@ static int l_get_executable(lua_State *L) {
 }
 
 void mp_open_executable(lua_State *L) {
-  lua_pushcfunction(L, l_set_executable);
-  lua_setfield(L, -2, "set_executable");
-  lua_pushcfunction(L, l_get_executable);
-  lua_setfield(L, -2, "get_executable");
+  static const luaL_Reg funcs[] = {
+    {"set_executable", l_set_executable}, {"get_executable", l_get_executable},
+    {NULL, NULL}
+  };
+  luaL_setfuncs(L, funcs, 0);
 }

@@ -529,8 +529,9 @@ static int l_forkserver_info(lua_State *L) {
 }
 
 void mp_open_forkserver(lua_State *L) {
-  lua_pushcfunction(L, l_forkserver_main);
-  lua_setfield(L, -2, "_forkserver_main");
-  lua_pushcfunction(L, l_forkserver_info);
-  lua_setfield(L, -2, "_forkserver_info");
+  static const luaL_Reg funcs[] = {
+    {"_forkserver_main", l_forkserver_main},
+    {"_forkserver_info", l_forkserver_info}, {NULL, NULL}
+  };
+  luaL_setfuncs(L, funcs, 0);
 }

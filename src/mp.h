@@ -183,6 +183,12 @@ ssize_t mp_recvfds(int sock, void *buf, size_t len,
 double mp_now(void);                     /* CLOCK_MONOTONIC seconds */
 int    mp_push_errno(lua_State *L, const char *what, int err); /* pushes msg */
 void   mp_push_method(lua_State *L);         /* for __index, see core.c */
+/* Creates (and leaves on the stack) the metatable 'tname' of a type, with
+** the metamethods 'meta' and the 'methods' (or NULL): they are its __index,
+** or, when 'meta' has an __index function, its __methods, where that
+** function finds them with mp_push_method. */
+void   mp_new_class(lua_State *L, const char *tname, const luaL_Reg *meta,
+                    const luaL_Reg *methods);
 
 /* --- fresh interpreters: "spawn" and "forkserver" ---------------------- */
 

@@ -659,19 +659,13 @@ void mp_open_shm(lua_State *L) {
     {"set_sharing_strategy", l_set_strategy},
     {NULL, NULL}
   };
-  if (luaL_newmetatable(L, TRACKER_T)) {
-    lua_pushcfunction(L, tracker_gc);
-    lua_setfield(L, -2, "__gc");
-    lua_pushcfunction(L, tracker_gc);
-    lua_setfield(L, -2, "__close");
-    lua_pushcfunction(L, tracker_tostring);
-    lua_setfield(L, -2, "__tostring");
-  }
-  lua_pop(L, 1);
-  if (luaL_newmetatable(L, MAP_T)) {
-    lua_pushcfunction(L, map_gc);
-    lua_setfield(L, -2, "__gc");
-  }
-  lua_pop(L, 1);
+  static const luaL_Reg tracker_meta[] = {
+    {"__gc", tracker_gc}, {"__close", tracker_gc},
+    {"__tostring", tracker_tostring}, {NULL, NULL}
+  };
+  static const luaL_Reg map_meta[] = {{"__gc", map_gc}, {NULL, NULL}};
+  mp_new_class(L, TRACKER_T, tracker_meta, NULL);
+  mp_new_class(L, MAP_T, map_meta, NULL);
+  lua_pop(L, 2);
   luaL_setfuncs(L, funcs, 0);
 }

@@ -705,22 +705,16 @@ static const luaL_Reg bar_methods[] = {
   {"close", sync_gc}, {NULL, NULL}
 };
 
+/* 'index' (or NULL: the methods are the __index) serves the fields that
+** are not methods, such as a lock's 'recovered'. */
 static void newtype(lua_State *L, int kind, const luaL_Reg *methods,
                     lua_CFunction index) {
-  luaL_newmetatable(L, kind_tname[kind]);
-  lua_pushcfunction(L, sync_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_pushcfunction(L, sync_gc);
-  lua_setfield(L, -2, "__close");
-  lua_pushcfunction(L, sync_tostring);
-  lua_setfield(L, -2, "__tostring");
-  lua_newtable(L);
-  luaL_setfuncs(L, methods, 0);
-  if (index) {
-    lua_setfield(L, -2, "__methods");
-    lua_pushcfunction(L, index);
-  }
-  lua_setfield(L, -2, "__index");
+  const luaL_Reg meta[] = {
+    {"__gc", sync_gc}, {"__close", sync_gc}, {"__tostring", sync_tostring},
+    {index ? "__index" : NULL, index},   /* no index: the list ends here */
+    {NULL, NULL}
+  };
+  mp_new_class(L, kind_tname[kind], meta, methods);
   lua_pop(L, 1);
   mp_codec_register(L, &sync_codec[kind]);
 }
