@@ -12,9 +12,7 @@ end
 
 for _, method in ipairs(H.methods) do
   describe("start method " .. method .. ":", function()
-    local before
-    before_each(function() before = H.snapshot() end)
-    after_each(function() H.check(before) end)
+    H.leak_check(before_each, after_each)
 
     local function start(fn, args, n, join, daemon)
       return mp.start_processes(fn, args, n, join, daemon, method)
@@ -373,9 +371,7 @@ for _, method in ipairs(H.methods) do
 end
 
 describe("bad arguments", function()
-  local before
-  before_each(function() before = H.snapshot() end)
-  after_each(function() H.check(before) end)
+  H.leak_check(before_each, after_each)
 
   local function f() end
   local cases = {

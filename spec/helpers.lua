@@ -137,6 +137,25 @@ function H.check(before)
   assert.are.same(before.shm, H.shm(), "/dev/shm entries left")
 end
 
+H.STRATEGIES = { "file_descriptor", "file_system" }
+
+--- Checks every test of the enclosing describe for leaks: a snapshot before
+-- it, H.check after.  busted's before_each and after_each are passed in
+-- (they are not globals here).  With a strategy, the tests run under it;
+-- the default strategy is back after every test either way.
+function H.leak_check(before_each, after_each, strategy)
+  local mp = require "multiprocessing"
+  local before
+  before_each(function()
+    if strategy then mp.set_sharing_strategy(strategy) end
+    before = H.snapshot()
+  end)
+  after_each(function()
+    mp.set_sharing_strategy("file_descriptor")
+    H.check(before)
+  end)
+end
+
 --- Waits until pred() is true or 'seconds' pass; returns pred's last value.
 function H.eventually(pred, seconds)
   local deadline = os.time() + (seconds or 5)

@@ -67,9 +67,7 @@ teardown(function()
 end)
 
 describe("Queue in one process", function()
-  local before
-  before_each(function() before = H.snapshot() end)
-  after_each(function() H.check(before) end)
+  H.leak_check(before_each, after_each)
 
   it("keeps order and values, nil included", function()
     local q <close> = mp.Queue()
@@ -159,9 +157,7 @@ end)
 
 for _, method in ipairs(H.methods) do
   describe("Queue and Pipe across processes, " .. method .. ":", function()
-    local before
-    before_each(function() before = H.snapshot() end)
-    after_each(function() H.check(before) end)
+    H.leak_check(before_each, after_each)
 
     local function start(fn, args, n)
       return mp.start_processes(fn, args, n or 1, false, false, method)

@@ -6,20 +6,10 @@
 local mp = require "multiprocessing"
 local H = require "helpers"
 
-local STRATEGIES = { "file_descriptor", "file_system" }
-
 for _, method in ipairs(H.methods) do
-  for _, strategy in ipairs(STRATEGIES) do
+  for _, strategy in ipairs(H.STRATEGIES) do
     describe(("results, %s, %s:"):format(method, strategy), function()
-      local before
-      before_each(function()
-        mp.set_sharing_strategy(strategy)
-        before = H.snapshot()
-      end)
-      after_each(function()
-        H.check(before)
-        mp.set_sharing_strategy("file_descriptor")
-      end)
+      H.leak_check(before_each, after_each, strategy)
 
       it("an argument returned is the same memory", function()
         local a <close> = mp.Array("int32", 4)
@@ -105,9 +95,7 @@ for _, method in ipairs(H.methods) do
 end
 
 describe("results with descriptors", function()
-  local before
-  before_each(function() before = H.snapshot() end)
-  after_each(function() H.check(before) end)
+  H.leak_check(before_each, after_each)
 
   it("come back from many workers, more than one message's worth each", function()
     local results = mp.start_processes(function(i)

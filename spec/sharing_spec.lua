@@ -4,8 +4,6 @@
 local mp = require "multiprocessing"
 local H = require "helpers"
 
-local STRATEGIES = { "file_descriptor", "file_system" }
-
 describe("sharing strategies", function()
   after_each(function() mp.set_sharing_strategy("file_descriptor") end)
 
@@ -18,7 +16,7 @@ describe("sharing strategies", function()
   end)
 
   it("are the parent's in workers of every start method", function()
-    for _, strategy in ipairs(STRATEGIES) do
+    for _, strategy in ipairs(H.STRATEGIES) do
       mp.set_sharing_strategy(strategy)
       for _, method in ipairs(H.methods) do
         local r = mp.start_processes(function() return mp.get_sharing_strategy() end,
@@ -38,9 +36,7 @@ describe("sharing strategies", function()
 end)
 
 describe("Array and Value", function()
-  local before
-  before_each(function() before = H.snapshot() end)
-  after_each(function() H.check(before) end)
+  H.leak_check(before_each, after_each)
 
   it("index from 1 with bounds checks and typed conversion", function()
     local a <close> = mp.Array("int32", 3)
@@ -89,7 +85,7 @@ describe("Array and Value", function()
   end)
 
   it("are shared by default; private ones move with share_memory", function()
-    for _, s in ipairs(STRATEGIES) do
+    for _, s in ipairs(H.STRATEGIES) do
       mp.set_sharing_strategy(s)
       local a <close> = mp.Array("int64", 2)
       assert.is_true(a:is_shared())
@@ -119,17 +115,9 @@ describe("Array and Value", function()
 end)
 
 for _, method in ipairs(H.methods) do
-  for _, strategy in ipairs(STRATEGIES) do
+  for _, strategy in ipairs(H.STRATEGIES) do
     describe(("shared memory, %s, %s:"):format(method, strategy), function()
-      local before
-      before_each(function()
-        mp.set_sharing_strategy(strategy)
-        before = H.snapshot()
-      end)
-      after_each(function()
-        H.check(before)
-        mp.set_sharing_strategy("file_descriptor")
-      end)
+      H.leak_check(before_each, after_each, strategy)
 
       it("is the same memory for an argument", function()
         local a <close> = mp.Array("int32", 4)
@@ -310,12 +298,7 @@ end
 
 describe("the Arrays of one process on the same memory", function()
   local core = require "multiprocessing.core"
-  local before
-  before_each(function() before = H.snapshot() end)
-  after_each(function()
-    mp.set_sharing_strategy("file_descriptor")
-    H.check(before)
-  end)
+  H.leak_check(before_each, after_each)
 
   -- An encoded int32 Array of n elements claiming m instead (src/array.c's
   -- Wire: how, ctype, isvalue, 5 pad bytes, n).
@@ -326,7 +309,7 @@ describe("the Arrays of one process on the same memory", function()
            s:sub(i + #wire + 8)
   end
 
-  for _, strategy in ipairs(STRATEGIES) do
+  for _, strategy in ipairs(H.STRATEGIES) do
     it("share one mapping that outlives any one's close, " .. strategy, function()
       mp.set_sharing_strategy(strategy)
       local a = mp.Array("int32", 4)

@@ -49,9 +49,7 @@ end)
 
 for _, method in ipairs({ "spawn", "forkserver" }) do
   describe("start method " .. method .. ":", function()
-    local before
-    before_each(function() before = H.snapshot() end)
-    after_each(function() H.check(before) end)
+    H.leak_check(before_each, after_each)
 
     local function start(fn, args, n, join)
       return mp.start_processes(fn, args, n, join, false, method)
@@ -249,9 +247,7 @@ for _, method in ipairs({ "spawn", "forkserver" }) do
 end
 
 describe("the executable", function()
-  local before
-  before_each(function() before = H.snapshot() end)
-  after_each(function() H.check(before) end)
+  H.leak_check(before_each, after_each)
 
   it("is the running stock interpreter by default", function()
     local self = H.sh("readlink /proc/" .. H.pid() .. "/exe"):gsub("\n$", "")
@@ -296,9 +292,7 @@ describe("the executable", function()
 end)
 
 describe("the forkserver", function()
-  local before
-  before_each(function() before = H.snapshot() end)
-  after_each(function() H.check(before) end)
+  H.leak_check(before_each, after_each)
 
   local function trivial(i) return i end
 

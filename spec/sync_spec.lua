@@ -8,9 +8,7 @@ local function suicide()
 end
 
 describe("synchronisation in one process", function()
-  local before
-  before_each(function() before = H.snapshot() end)
-  after_each(function() H.check(before) end)
+  H.leak_check(before_each, after_each)
 
   it("Lock: acquire, timeout, release, locked, no recursion", function()
     local l <close> = mp.Lock()
@@ -65,9 +63,7 @@ end)
 
 for _, method in ipairs(H.methods) do
   describe("synchronisation across processes, " .. method .. ":", function()
-    local before
-    before_each(function() before = H.snapshot() end)
-    after_each(function() H.check(before) end)
+    H.leak_check(before_each, after_each)
 
     it("Lock makes increments atomic", function()
       local l <close> = mp.Lock()
