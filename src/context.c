@@ -35,14 +35,14 @@ static const mp_StartMethod *check_method(lua_State *L, int arg) {
   int i;
   for (i = 0; methods[i] != NULL; i++)
     if (strcmp(methods[i]->name, name) == 0) return methods[i];
-  luaL_argerror(L, arg, lua_pushfstring(L, "unknown start method '%s' "
+  mp_argerror(L, arg, lua_pushfstring(L, "unknown start method '%s' "
       "(expected \"fork\", \"spawn\" or \"forkserver\")", name));
   return NULL;
 }
 
 static int check_flag(lua_State *L, int arg, int def) {
   if (lua_isnoneornil(L, arg)) return def;
-  luaL_checktype(L, arg, LUA_TBOOLEAN);
+  mp_checktype(L, arg, LUA_TBOOLEAN);
   return lua_toboolean(L, arg);
 }
 
@@ -52,11 +52,11 @@ static int check_nprocs(lua_State *L, int arg) {
   if (lua_isnoneornil(L, arg)) return 1;
   if (lua_type(L, arg) == LUA_TNUMBER) n = lua_tointegerx(L, arg, &isint);
   if (!isint || n < 1)
-    luaL_argerror(L, arg, lua_pushfstring(L, "positive integer expected, got %s",
+    mp_argerror(L, arg, lua_pushfstring(L, "positive integer expected, got %s",
         lua_type(L, arg) == LUA_TNUMBER ? luaL_tolstring(L, arg, NULL)
                                         : luaL_typename(L, arg)));
   if (n > MAX_PROCS)
-    luaL_argerror(L, arg, lua_pushfstring(L, "at most %d processes, got %I",
+    mp_argerror(L, arg, lua_pushfstring(L, "at most %d processes, got %I",
                                           MAX_PROCS, n));
   return (int)n;
 }
@@ -68,11 +68,11 @@ static double check_seconds(lua_State *L, int arg, const char *what,
   double s;
   if (lua_isnoneornil(L, arg)) return def;
   if (lua_type(L, arg) != LUA_TNUMBER)
-    luaL_argerror(L, arg, lua_pushfstring(L, "%s must be a non-negative "
+    mp_argerror(L, arg, lua_pushfstring(L, "%s must be a non-negative "
         "number of seconds, got %s", what, luaL_typename(L, arg)));
   s = lua_tonumber(L, arg);
   if (!(s >= 0))
-    luaL_argerror(L, arg, lua_pushfstring(L, "%s must be a non-negative "
+    mp_argerror(L, arg, lua_pushfstring(L, "%s must be a non-negative "
         "number of seconds, got %s", what, luaL_tolstring(L, arg, NULL)));
   return s;
 }
@@ -80,7 +80,7 @@ static double check_seconds(lua_State *L, int arg, const char *what,
 /* --- ProcessContext ------------------------------------------------------ */
 
 mp_Context *mp_checkcontext(lua_State *L, int idx) {
-  return luaL_checkudata(L, idx, MP_CONTEXT_T);
+  return mp_checkudata(L, idx, MP_CONTEXT_T);
 }
 
 void mp_context_finish(lua_State *L, mp_Context *ctx) {
@@ -172,19 +172,19 @@ static int start(lua_State *L, const mp_StartMethod *method, int nprocs,
 }
 
 static void check_fn_and_args(lua_State *L) {
-  luaL_checktype(L, 1, LUA_TFUNCTION);
+  mp_checktype(L, 1, LUA_TFUNCTION);
   if (lua_isnoneornil(L, 2)) {
     lua_newtable(L);
     lua_replace(L, 2);
   } else {
     lua_Integer n;
     int isint;
-    luaL_checktype(L, 2, LUA_TTABLE);
+    mp_checktype(L, 2, LUA_TTABLE);
     lua_pushliteral(L, "n");
     if (lua_rawget(L, 2) != LUA_TNIL) {
       n = lua_tointegerx(L, -1, &isint);
       if (!isint || n < 0 || n > MP_MAX_ARGS)
-        luaL_argerror(L, 2, lua_pushfstring(L, "args.n must be an integer "
+        mp_argerror(L, 2, lua_pushfstring(L, "args.n must be an integer "
             "from 0 to %d, got %s", MP_MAX_ARGS, luaL_tolstring(L, -1, NULL)));
     }
     lua_pop(L, 1);
@@ -229,7 +229,7 @@ static int l_spawn(lua_State *L) {
 static int ctx_join(lua_State *L) {
   double timeout, grace;
   check_owned(L, mp_checkcontext(L, 1));
-  timeout = check_seconds(L, 2, "timeout", -1);
+  timeout = mp_opttimeout(L, 2);
   grace = check_seconds(L, 3, "grace_period", MP_DEFAULT_GRACE);
   lua_pushboolean(L, mp_join(L, 1, timeout, grace, !lua_isnoneornil(L, 3)));
   return 1;
@@ -303,7 +303,7 @@ static int ctx_index(lua_State *L) {
 /* --- Process ------------------------------------------------------------- */
 
 static mp_Worker *check_process(lua_State *L, int idx) {
-  Process *p = luaL_checkudata(L, idx, MP_PROCESS_T);
+  Process *p = mp_checkudata(L, idx, MP_PROCESS_T);
   mp_Context *ctx;
   lua_getiuservalue(L, idx, 1);
   ctx = lua_touserdata(L, -1);

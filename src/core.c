@@ -20,17 +20,30 @@ int mp_push_errno(lua_State *L, const char *what, int err) {
   return err;
 }
 
+/* Registers 'methods' into the table at the top, each a closure whose
+** upvalue 1 is its public name, "Type.method" (args.c reads it). */
+static void set_methods(lua_State *L, const char *tname,
+                        const luaL_Reg *methods) {
+  const char *dot = strrchr(tname, '.');
+  const char *type = dot ? dot + 1 : tname;
+  for (; methods->name != NULL; methods++) {
+    lua_pushfstring(L, "%s.%s", type, methods->name);   /* methods name */
+    lua_pushcclosure(L, methods->func, 1);              /* methods f */
+    lua_setfield(L, -2, methods->name);                 /* methods */
+  }
+}
+
 void mp_new_class(lua_State *L, const char *tname, const luaL_Reg *meta,
                   const luaL_Reg *methods) {
   int own_index;
-  luaL_newmetatable(L, tname);
+  luaL_newmetatable(L, tname);                              /* mt */
   luaL_setfuncs(L, meta, 0);
-  own_index = lua_getfield(L, -1, "__index") != LUA_TNIL;
-  lua_pop(L, 1);
+  own_index = lua_getfield(L, -1, "__index") != LUA_TNIL;   /* mt index */
+  lua_pop(L, 1);                                            /* mt */
   if (methods != NULL) {
-    lua_newtable(L);
-    luaL_setfuncs(L, methods, 0);
-    lua_setfield(L, -2, own_index ? "__methods" : "__index");
+    lua_newtable(L);                                        /* mt methods */
+    set_methods(L, tname, methods);
+    lua_setfield(L, -2, own_index ? "__methods" : "__index"); /* mt */
   }
 }
 

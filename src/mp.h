@@ -3,6 +3,7 @@
 **
 ** One concern per file:
 **   core.c         module table, assembles the pieces below
+**   args.c         argument checks that name "Type.method"; timeouts
 **   context.c      ProcessContext and Process userdata, start_processes/spawn
 **   join.c         waiting for workers, terminating them, collecting failures
 **   exception.c    the exception types and isinstance
@@ -179,6 +180,21 @@ ssize_t mp_sendfds(int sock, const void *buf, size_t len,
 ssize_t mp_recvfds(int sock, void *buf, size_t len,
                    int *fds, size_t maxfds, size_t *nfds, int flags);
 
+/* args.c: argument checks.  In a method made by mp_new_class they name it
+** as the user knows it ("Queue.put") and do not count self; elsewhere they
+** are lauxlib's.  Each raises; the checks return the value. */
+int         mp_argerror(lua_State *L, int arg, const char *extramsg);
+int         mp_typeerror(lua_State *L, int arg, const char *tname);
+void        mp_checktype(lua_State *L, int arg, int t);
+void       *mp_checkudata(lua_State *L, int arg, const char *tname);
+lua_Number  mp_checknumber(lua_State *L, int arg);
+lua_Integer mp_checkinteger(lua_State *L, int arg);
+lua_Integer mp_optinteger(lua_State *L, int arg, lua_Integer def);
+const char *mp_checklstring(lua_State *L, int arg, size_t *len);
+/* A timeout in seconds: nil/none -> -1 (for ever); a negative number -> 0;
+** NaN and non-numbers raise. */
+double      mp_opttimeout(lua_State *L, int arg);
+
 /* small helpers shared by the parts (core.c) */
 double mp_now(void);                     /* CLOCK_MONOTONIC seconds */
 int    mp_push_errno(lua_State *L, const char *what, int err); /* pushes msg */
@@ -186,7 +202,9 @@ void   mp_push_method(lua_State *L);         /* for __index, see core.c */
 /* Creates (and leaves on the stack) the metatable 'tname' of a type, with
 ** the metamethods 'meta' and the 'methods' (or NULL): they are its __index,
 ** or, when 'meta' has an __index function, its __methods, where that
-** function finds them with mp_push_method. */
+** function finds them with mp_push_method.  Each method is a closure with
+** its public name ("Queue.put", from the part of 'tname' after its last
+** dot) as upvalue 1, for the checks of args.c. */
 void   mp_new_class(lua_State *L, const char *tname, const luaL_Reg *meta,
                     const luaL_Reg *methods);
 

@@ -126,9 +126,6 @@ int    mp_wait_interrupted(const mp_Wait *w);
 ** EINTR. */
 int    mp_futex_wait(uint32_t *addr, uint32_t val, double secs);
 void   mp_futex_wake(uint32_t *addr, int n);
-/* Reads the timeout argument at idx: none/nil -> -1 (forever); a number
-** >= 0; raises for anything else. */
-double mp_opttimeout(lua_State *L, int idx);
 
 /* robust, process-shared mutexes */
 int  mp_mutex_init(pthread_mutex_t *m, int recursive);

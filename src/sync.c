@@ -78,15 +78,6 @@ void mp_futex_wake(uint32_t *addr, int n) {
   syscall(SYS_futex, addr, FUTEX_WAKE, n, NULL, NULL, 0);
 }
 
-double mp_opttimeout(lua_State *L, int idx) {
-  double t;
-  if (lua_isnoneornil(L, idx)) return -1;
-  t = luaL_checknumber(L, idx);
-  if (!(t >= 0)) luaL_argerror(L, idx, "timeout must be a non-negative number");
-  if (t > 1e9) t = 1e9;
-  return t;
-}
-
 /* ------------------------------------------------------------------ */
 /* robust mutexes                                                      */
 
