@@ -41,6 +41,7 @@ ALL_CFLAGS = -std=c99 -D_GNU_SOURCE -fPIC -fvisibility=hidden $(WARNINGS) \
 ifeq ($(SANITIZE),1)
 BUILD      = build-asan
 ALL_CFLAGS += -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
+              -DMP_CHECK_STACK \
               -fno-sanitize-recover=undefined
 LDSAN      = -fsanitize=address,undefined
 else

@@ -35,7 +35,7 @@ static void set_methods(lua_State *L, const char *tname,
 
 void mp_new_class(lua_State *L, const char *tname, const luaL_Reg *meta,
                   const luaL_Reg *methods) {
-  int own_index;
+  int own_index, top = mp_stack_top(L);
   luaL_newmetatable(L, tname);                              /* mt */
   luaL_setfuncs(L, meta, 0);
   own_index = lua_getfield(L, -1, "__index") != LUA_TNIL;   /* mt index */
@@ -45,6 +45,7 @@ void mp_new_class(lua_State *L, const char *tname, const luaL_Reg *meta,
     set_methods(L, tname, methods);
     lua_setfield(L, -2, own_index ? "__methods" : "__index"); /* mt */
   }
+  mp_stack_check(L, top, 1);
 }
 
 /* For __index functions: pushes the entry named by the key at 2 in the

@@ -61,14 +61,14 @@ static int put(int fd, const void *p, size_t n, off_t at) {
 
 /* Its tables come with the first reference: most workers never take one. */
 void mp_ledger_open(lua_State *L, int fd, off_t at) {
-  Ledger *g = (Ledger *)lua_newuserdatauv(L, sizeof(Ledger), UV_N);
+  Ledger *g = (Ledger *)lua_newuserdatauv(L, sizeof(Ledger), UV_N); /* g */
   g->fd = fd;
   g->at = at;
   g->owner = getpid();
   g->used = 0;
-  luaL_newmetatable(L, LEDGER_T);   /* a name for luaL_testudata */
-  lua_setmetatable(L, -2);
-  lua_setfield(L, LUA_REGISTRYINDEX, LEDGER_KEY);
+  luaL_newmetatable(L, LEDGER_T);   /* g mt: a name for luaL_testudata */
+  lua_setmetatable(L, -2);                            /* g */
+  lua_setfield(L, LUA_REGISTRYINDEX, LEDGER_KEY);     /* */
 }
 
 /* Pushes this process's ledger and returns it, or returns NULL and pushes
@@ -76,18 +76,18 @@ void mp_ledger_open(lua_State *L, int fd, off_t at) {
 static Ledger *own_ledger(lua_State *L) {
   Ledger *g;
   int uv;
-  lua_getfield(L, LUA_REGISTRYINDEX, LEDGER_KEY);
+  lua_getfield(L, LUA_REGISTRYINDEX, LEDGER_KEY);     /* g */
   g = (Ledger *)luaL_testudata(L, -1, LEDGER_T);
   if (g == NULL || g->owner != getpid()) {
-    lua_pop(L, 1);
+    lua_pop(L, 1);                                    /* */
     return NULL;
   }
-  if (lua_getiuservalue(L, -1, UV_NAMES) == LUA_TNIL)
+  if (lua_getiuservalue(L, -1, UV_NAMES) == LUA_TNIL) /* g names|nil */
     for (uv = 1; uv <= UV_N; uv++) {
-      lua_newtable(L);
-      lua_setiuservalue(L, -3, uv);
+      lua_newtable(L);                                /* g nil t */
+      lua_setiuservalue(L, -3, uv);                   /* g nil */
     }
-  lua_pop(L, 1);
+  lua_pop(L, 1);                                      /* g */
   return g;
 }
 
@@ -96,10 +96,10 @@ static Ledger *own_ledger(lua_State *L) {
 static lua_Integer new_entry(lua_State *L, Ledger *g, int spare) {
   lua_Integer n = (lua_Integer)lua_rawlen(L, spare), k;
   uint64_t used = g->used + 1;
-  if (n > 0) {
-    lua_rawgeti(L, spare, n);
+  if (n > 0) {                                        /* pop spare[n] */
+    lua_rawgeti(L, spare, n);                         /* k */
     k = lua_tointeger(L, -1);
-    lua_pop(L, 1);
+    lua_pop(L, 1);                                    /* */
     lua_pushnil(L);
     lua_rawseti(L, spare, n);
     return k;
@@ -110,7 +110,8 @@ static lua_Integer new_entry(lua_State *L, Ledger *g, int spare) {
 }
 
 void mp_ledger_note(lua_State *L, const char *name, int delta) {
-  Ledger *g = own_ledger(L);
+  int top = mp_stack_top(L);
+  Ledger *g = own_ledger(L);                          /* g */
   int gi, names, counts, spare;
   lua_Integer k;
   int64_t held;
@@ -118,11 +119,11 @@ void mp_ledger_note(lua_State *L, const char *name, int delta) {
   gi = lua_gettop(L);
   lua_getiuservalue(L, gi, UV_NAMES);
   lua_getiuservalue(L, gi, UV_COUNTS);
-  lua_getiuservalue(L, gi, UV_SPARE);
+  lua_getiuservalue(L, gi, UV_SPARE);                 /* g names counts spare */
   names = gi + 1, counts = gi + 2, spare = gi + 3;
-  if (lua_getfield(L, names, name) == LUA_TNUMBER) {
+  if (lua_getfield(L, names, name) == LUA_TNUMBER) {  /* ... spare k */
     k = lua_tointeger(L, -1);
-    lua_rawgeti(L, counts, k);
+    lua_rawgeti(L, counts, k);                        /* ... spare k held */
     held = (int64_t)lua_tointeger(L, -1) + delta;
     if (held < 0) held = 0;
     put(g->fd, &held, sizeof held, entry_at(g, k) + offsetof(Entry, held));
@@ -134,6 +135,7 @@ void mp_ledger_note(lua_State *L, const char *name, int delta) {
     put(g->fd, &e, sizeof e, entry_at(g, k));
   } else {
     lua_settop(L, gi - 1);      /* full: the tracker has it still */
+    mp_stack_check(L, top, 0);
     return;
   }
   if (held > 0) {
@@ -149,7 +151,8 @@ void mp_ledger_note(lua_State *L, const char *name, int delta) {
     lua_pushinteger(L, k);
     lua_rawseti(L, spare, (lua_Integer)lua_rawlen(L, spare) + 1);
   }
-  lua_settop(L, gi - 1);
+  lua_settop(L, gi - 1);                              /* */
+  mp_stack_check(L, top, 0);
 }
 
 void mp_ledger_settle(lua_State *L, int fd, off_t at) {

@@ -195,6 +195,30 @@ const char *mp_checklstring(lua_State *L, int arg, size_t *len);
 ** NaN and non-numbers raise. */
 double      mp_opttimeout(lua_State *L, int arg);
 
+/* Stack contracts.  A function whose comment promises a stack effect may
+** check it; the sanitizer build (-DMP_CHECK_STACK) aborts on a mismatch:
+**   int top = mp_stack_top(L);  ...  mp_stack_check(L, top, 1);  (pushed 1) */
+#ifdef MP_CHECK_STACK
+#include <stdio.h>
+#include <stdlib.h>
+static inline int mp_stack_top(lua_State *L) { return lua_gettop(L); }
+static inline void mp_stack_check_at(lua_State *L, int top, int effect,
+                                     const char *file, int line) {
+  if (lua_gettop(L) != top + effect) {
+    fprintf(stderr, "%s:%d: stack effect %d, promised %d\n", file, line,
+            lua_gettop(L) - top, effect);
+    abort();
+  }
+}
+#define mp_stack_check(L, top, effect) \
+  mp_stack_check_at(L, top, effect, __FILE__, __LINE__)
+#else
+static inline int mp_stack_top(lua_State *L) { (void)L; return 0; }
+static inline void mp_stack_check(lua_State *L, int top, int effect) {
+  (void)L; (void)top; (void)effect;
+}
+#endif
+
 /* small helpers shared by the parts (core.c) */
 double mp_now(void);                     /* CLOCK_MONOTONIC seconds */
 int    mp_push_errno(lua_State *L, const char *what, int err); /* pushes msg */

@@ -48,87 +48,93 @@ typedef struct Header {
 static int push_name_at(lua_State *L, lua_Debug *ar, int fn) {
   const char *name;
   int i;
-  for (i = 1; (name = lua_getlocal(L, ar, i)) != NULL; i++) {
+  for (i = 1; (name = lua_getlocal(L, ar, i)) != NULL; i++) {  /* local */
     int hit = name[0] != '(' && lua_rawequal(L, -1, fn);
-    lua_pop(L, 1);
+    lua_pop(L, 1);                                              /* */
     if (hit) {
-      lua_pushstring(L, name);
+      lua_pushstring(L, name);                                  /* name */
       return 1;
     }
   }
-  lua_getinfo(L, "f", ar);
-  for (i = 1; (name = lua_getupvalue(L, -1, i)) != NULL; i++) {
+  lua_getinfo(L, "f", ar);                                      /* f */
+  for (i = 1; (name = lua_getupvalue(L, -1, i)) != NULL; i++) { /* f up */
     int hit = name[0] != '\0' && lua_rawequal(L, -1, fn);
-    lua_pop(L, 1);
+    lua_pop(L, 1);                                              /* f */
     if (hit) {
-      lua_pop(L, 1);
-      lua_pushstring(L, name);
+      lua_pop(L, 1);                                            /* */
+      lua_pushstring(L, name);                                  /* name */
       return 1;
     }
   }
-  lua_pop(L, 1);
+  lua_pop(L, 1);                                                /* */
   return 0;
 }
 
 #define NAME_LEVELS 8
 
+/* Pushes fn's name (see above). */
 static void push_fn_name(lua_State *L, int fn) {
   lua_Debug ar;
-  int level, found = 0;
+  int level, found = 0, top = mp_stack_top(L);
   for (level = 1; level <= NAME_LEVELS && lua_getstack(L, level, &ar); level++)
-    if (push_name_at(L, &ar, fn)) {
-      if (found) lua_remove(L, -2);
+    if (push_name_at(L, &ar, fn)) {                   /* [older] name */
+      if (found) lua_remove(L, -2);                   /* name */
       found = 1;
     }
-  if (found) return;
-  lua_pushglobaltable(L);
-  lua_pushnil(L);
-  while (lua_next(L, -2)) {
+  if (found) {
+    mp_stack_check(L, top, 1);
+    return;
+  }
+  lua_pushglobaltable(L);                             /* G */
+  lua_pushnil(L);                                     /* G nil */
+  while (lua_next(L, -2)) {                           /* G key value */
     if (lua_type(L, -2) == LUA_TSTRING && lua_rawequal(L, -1, fn)) {
-      lua_pop(L, 1);
-      lua_remove(L, -2);
+      lua_pop(L, 1);                                  /* G key */
+      lua_remove(L, -2);                              /* key */
+      mp_stack_check(L, top, 1);
       return;
     }
-    lua_pop(L, 1);
+    lua_pop(L, 1);                                    /* G key */
   }
-  lua_pop(L, 1);
-  lua_pushliteral(L, "fn");
+  lua_pop(L, 1);                                      /* */
+  lua_pushliteral(L, "fn");                           /* "fn" */
+  mp_stack_check(L, top, 1);
 }
 
 /* arg, as strings and numbers only: a script may have put anything in it,
 ** and the worker only needs what a command line can hold. */
 static void push_arg_copy(lua_State *L) {
-  lua_newtable(L);
-  if (lua_getglobal(L, "arg") != LUA_TTABLE) {
-    lua_pop(L, 2);
-    lua_pushnil(L);
+  lua_newtable(L);                                    /* copy */
+  if (lua_getglobal(L, "arg") != LUA_TTABLE) {        /* copy arg */
+    lua_pop(L, 2);                                    /* */
+    lua_pushnil(L);                                   /* nil */
     return;
   }
-  lua_pushnil(L);
-  while (lua_next(L, -2)) {
+  lua_pushnil(L);                                     /* copy arg nil */
+  while (lua_next(L, -2)) {                           /* copy arg k v */
     if (lua_isinteger(L, -2) && (lua_type(L, -1) == LUA_TSTRING ||
                                  lua_type(L, -1) == LUA_TNUMBER)) {
-      lua_pushvalue(L, -2);
-      lua_insert(L, -2);
-      lua_rawset(L, -5);
+      lua_pushvalue(L, -2);                           /* copy arg k v k */
+      lua_insert(L, -2);                              /* copy arg k k v */
+      lua_rawset(L, -5);                              /* copy arg k */
     } else {
-      lua_pop(L, 1);
+      lua_pop(L, 1);                                  /* copy arg k */
     }
   }
-  lua_pop(L, 1);
+  lua_pop(L, 1);                                      /* copy */
 }
 
 static void push_environment(lua_State *L) {
   char *cwd = getcwd(NULL, 0);
   int i;
-  lua_createtable(L, 0, 6);
-  if (lua_getglobal(L, "package") == LUA_TTABLE) {
-    lua_getfield(L, -1, "path");
-    lua_setfield(L, -3, "path");
+  lua_createtable(L, 0, 6);                           /* env */
+  if (lua_getglobal(L, "package") == LUA_TTABLE) {    /* env package */
+    lua_getfield(L, -1, "path");                      /* env package path */
+    lua_setfield(L, -3, "path");                      /* env package */
     lua_getfield(L, -1, "cpath");
     lua_setfield(L, -3, "cpath");
   }
-  lua_pop(L, 1);
+  lua_pop(L, 1);                                      /* env */
   if (cwd != NULL) {  /* a removed directory has no name: stay where we are */
     lua_pushstring(L, cwd);
     free(cwd);
@@ -139,12 +145,12 @@ static void push_environment(lua_State *L) {
   lua_pushinteger(L, mp_sharing_strategy(L));
   lua_setfield(L, -2, "sharing");
   /* A forkserver was started with an older environment than ours. */
-  lua_newtable(L);
+  lua_newtable(L);                                    /* env list */
   for (i = 0; environ != NULL && environ[i] != NULL; i++) {
-    lua_pushstring(L, environ[i]);
-    lua_rawseti(L, -2, i + 1);
+    lua_pushstring(L, environ[i]);                    /* env list s */
+    lua_rawseti(L, -2, i + 1);                        /* env list */
   }
-  lua_setfield(L, -2, "environ");
+  lua_setfield(L, -2, "environ");                     /* env */
 }
 
 static int write_all(int fd, const char *p, size_t n) {
@@ -200,7 +206,7 @@ static int build(lua_State *L) {
   int err;
   names[0] = lua_tostring(L, 3);
   names[1] = "args";
-  h = lua_newuserdatauv(L, sizeof *h, 1);
+  h = lua_newuserdatauv(L, sizeof *h, 1);             /* fn args name h */
   h->p.fd = -1;
   h->p.fds = NULL;
   h->p.nfds = 0;
@@ -210,12 +216,14 @@ static int build(lua_State *L) {
   }
   lua_setmetatable(L, -2);
   mp_encode(L, 1, 2, MP_CODEC_FUNCTIONS | MP_CODEC_BROADCAST, names, TO, &m);
+                                                      /* fn args name h box */
   lua_pushvalue(L, -1);
-  lua_setiuservalue(L, 4, 1);  /* the box lends its descriptors */
+  lua_setiuservalue(L, 4, 1);  /* the box lends its descriptors: ... h box */
   h->p.fds = m.fds;
   h->p.nfds = m.nfds;
-  push_environment(L);
+  push_environment(L);                                /* ... h box env */
   mp_encode(L, -1, 1, MP_CODEC_DATA, env_names, TO, &env);
+                                                      /* ... h box env ebox */
   h->p.fd = memfd_create("lua-multiprocessing-payload",
                          MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (h->p.fd < 0)
@@ -224,47 +232,51 @@ static int build(lua_State *L) {
   if ((err = write_payload(h->p.fd, &env, &m)) != 0)
     return luaL_error(L, "cannot write the workers' payload: %s",
                       strerror(err));
-  lua_settop(L, 4);
+  lua_settop(L, 4);                                   /* fn args name h */
   return 1;
 }
 
 mp_Payload *mp_payload_push(lua_State *L, mp_Context *ctx, int ctxidx,
                             int fn, int args) {
+  int top = mp_stack_top(L);
   ctxidx = lua_absindex(L, ctxidx);
   fn = lua_absindex(L, fn);
   args = lua_absindex(L, args);
   lua_pushcfunction(L, build);
   lua_pushvalue(L, fn);
   lua_pushvalue(L, args);
-  push_fn_name(L, fn);
-  if (lua_pcall(L, 3, 1, 0) != LUA_OK) {
+  push_fn_name(L, fn);                                /* build fn args name */
+  if (lua_pcall(L, 3, 1, 0) != LUA_OK) {              /* h, or msg */
     /* Nothing started: the error is the codec's own message, as is. */
     mp_context_close(L, ctx, 0);
     lua_error(L);
   }
-  lua_getiuservalue(L, ctxidx, 1);
-  lua_pushvalue(L, -2);
-  lua_setfield(L, -2, "payload");
-  lua_pop(L, 1);
+  lua_getiuservalue(L, ctxidx, 1);                    /* h uv */
+  lua_pushvalue(L, -2);                               /* h uv h */
+  lua_setfield(L, -2, "payload");                     /* h uv */
+  lua_pop(L, 1);                                      /* h */
+  mp_stack_check(L, top, 1);
   return &((Holder *)lua_touserdata(L, -1))->p;
 }
 
 void mp_payload_release(lua_State *L, int ctxidx) {
+  int top = mp_stack_top(L);
   ctxidx = lua_absindex(L, ctxidx);
-  if (lua_getiuservalue(L, ctxidx, 1) != LUA_TTABLE) {
-    lua_pop(L, 1);
+  if (lua_getiuservalue(L, ctxidx, 1) != LUA_TTABLE) {   /* uv */
+    lua_pop(L, 1);                                        /* */
     return;
   }
-  if (lua_getfield(L, -1, "payload") == LUA_TUSERDATA) {
+  if (lua_getfield(L, -1, "payload") == LUA_TUSERDATA) {  /* uv h */
     mp_payload_close(&((Holder *)lua_touserdata(L, -1))->p);
-    if (lua_getiuservalue(L, -1, 1) == LUA_TUSERDATA)
+    if (lua_getiuservalue(L, -1, 1) == LUA_TUSERDATA)     /* uv h box */
       mp_encoded_close(L, -1);  /* the held references go */
-    lua_pop(L, 1);
+    lua_pop(L, 1);                                        /* uv h */
   }
-  lua_pop(L, 1);
+  lua_pop(L, 1);                                          /* uv */
   lua_pushnil(L);
-  lua_setfield(L, -2, "payload");
-  lua_pop(L, 1);
+  lua_setfield(L, -2, "payload");                         /* uv */
+  lua_pop(L, 1);                                          /* */
+  mp_stack_check(L, top, 0);
 }
 
 /* --- the worker's side --------------------------------------------------- */
@@ -281,16 +293,16 @@ static void apply_environ(lua_State *L, int list) {
   clearenv();
   for (i = 1; i <= n; i++) {
     const char *s, *eq;
-    if (lua_rawgeti(L, list, i) == LUA_TSTRING) {
+    if (lua_rawgeti(L, list, i) == LUA_TSTRING) {         /* s */
       s = lua_tostring(L, -1);
       eq = strchr(s, '=');
       if (eq != NULL && eq != s) {
-        lua_pushlstring(L, s, (size_t)(eq - s));
+        lua_pushlstring(L, s, (size_t)(eq - s));          /* s name */
         setenv(lua_tostring(L, -1), eq + 1, 1);
-        lua_pop(L, 1);
+        lua_pop(L, 1);                                    /* s */
       }
     }
-    lua_pop(L, 1);
+    lua_pop(L, 1);                                        /* */
   }
 }
 
@@ -302,9 +314,9 @@ static void apply_environment(lua_State *L, int env) {
     luaL_error(L, "cannot enter the parent's directory %s: %s",
                lua_tostring(L, -1), strerror(errno));
   lua_pop(L, 1);
-  if (lua_getglobal(L, "package") == LUA_TTABLE) {
-    if (lua_getfield(L, env, "path") == LUA_TSTRING)
-      lua_setfield(L, -2, "path");
+  if (lua_getglobal(L, "package") == LUA_TTABLE) {        /* package */
+    if (lua_getfield(L, env, "path") == LUA_TSTRING)      /* package path */
+      lua_setfield(L, -2, "path");                        /* package */
     else
       lua_pop(L, 1);
     if (lua_getfield(L, env, "cpath") == LUA_TSTRING)
@@ -312,7 +324,7 @@ static void apply_environment(lua_State *L, int env) {
     else
       lua_pop(L, 1);
   }
-  lua_pop(L, 1);
+  lua_pop(L, 1);                                          /* */
   if (lua_getfield(L, env, "arg") == LUA_TTABLE)
     lua_setglobal(L, "arg");
   else
@@ -398,11 +410,11 @@ void mp_payload_load(lua_State *L, int fd, int *fds, size_t nfds) {
   if (ok) return;
   /* The failure (a module that cannot be required here, a directory that is
   ** gone) becomes this worker's error, reported like any other. */
-  if (lua_type(L, -1) == LUA_TSTRING) {
+  if (lua_type(L, -1) == LUA_TSTRING) {                   /* msg */
     lua_pushfstring(L, "cannot load the function and its args in the "
-                       "worker: %s", lua_tostring(L, -1));
-    lua_remove(L, -2);
+                       "worker: %s", lua_tostring(L, -1));  /* msg msg' */
+    lua_remove(L, -2);                                    /* msg' */
   }
-  lua_pushcclosure(L, raise_upvalue, 1);
-  lua_newtable(L);
+  lua_pushcclosure(L, raise_upvalue, 1);                  /* fn */
+  lua_newtable(L);                                        /* fn args */
 }
