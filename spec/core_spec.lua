@@ -437,3 +437,48 @@ describe("exceptions", function()
     assert.are.equal(mp.ProcessContext, mp.SpawnContext)
   end)
 end)
+
+
+-- Issue 8, defect 12: a worker does not keep the signals its parent
+-- blocked.  Lua cannot block signals: a parent with SIGUSR1, SIGHUP and
+-- SIGPIPE blocked is made by python3, whose mask survives its exec.
+local HAS_PYTHON = os.execute("python3 -c '' 2>/dev/null")
+for _, method in ipairs(H.methods) do
+  describe("signal mask, " .. method .. ":", function()
+    H.leak_check(before_each, after_each)
+
+    local function blocked(status)
+      return status:match("SigBlk:%s*(%x+)")
+    end
+
+    it("a worker starts with no signal blocked", function()
+      if not HAS_PYTHON then
+        pending("python3 is needed to start a parent with signals blocked")
+        return
+      end
+      local script = run_script(([[
+        local mp = require "multiprocessing"
+        local f = io.open("/proc/self/status")
+        io.write(f:read("a"):match("SigBlk:%%s*%%x+"), "\n")
+        f:close()
+        local r = mp.start_processes(function()
+          local g = io.open("/proc/self/status")
+          local s = g:read("a")
+          g:close()
+          return s:match("SigBlk:%%s*%%x+")
+        end, {}, 2, true, false, %q)
+        io.write(r[1], "\n", r[2], "\n")
+      ]]):format(method))
+      local out = H.sh(("python3 -c 'import os, signal; "
+        .. "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGHUP, signal.SIGPIPE}); "
+        .. "os.execvp(\"%s\", [\"%s\", \"%s\"])' 2>&1"):format(LUA, LUA, script))
+      os.remove(script)
+      local lines = {}
+      for line in out:gmatch("[^\n]+") do lines[#lines + 1] = line end
+      assert.are.equal(3, #lines, out)
+      assert.are_not.equal(0, tonumber(blocked(lines[1]), 16), out)  -- the parent's
+      assert.are.equal(0, tonumber(blocked(lines[2]), 16), out)
+      assert.are.equal(0, tonumber(blocked(lines[3]), 16), out)
+    end)
+  end)
+end

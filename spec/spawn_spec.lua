@@ -360,3 +360,64 @@ describe("the forkserver", function()
     assert.is_nil(H.state(pid))
   end)
 end)
+
+-- Issue 8, defect 12: a fresh worker gets the descriptors the protocol
+-- passes and nothing else of the parent's -- not Lua's io.open files (which
+-- are not close-on-exec), not a host's sockets -- as Python's spawn does.
+-- The forkserver too: its workers are forks of it.
+local function fd_targets(pid)
+  local out = os.tmpname()
+  os.execute(("ls -l /proc/%d/fd > %s 2>/dev/null"):format(pid, out))
+  local text = H.read(out) or ""
+  os.remove(out)
+  return text
+end
+
+for _, method in ipairs({ "spawn", "forkserver" }) do
+  describe("descriptors a " .. method .. " worker inherits:", function()
+    H.leak_check(before_each, after_each)
+
+    it("none of the parent's own files (io.open) reach the worker", function()
+      local path = os.tmpname()
+      local files = {}   -- enough that some lie above the protocol's
+      for k = 1, 12 do files[k] = assert(io.open(path, "w")) end
+      local results = mp.start_processes(function(_, p)
+        local list = os.tmpname()
+        os.execute(("ls -l /proc/$PPID/fd > %s"):format(list))  -- the worker's
+        local h = io.open(list)
+        local text = h:read("a")
+        h:close()
+        os.remove(list)
+        return { inherited = text:find(p, 1, true) ~= nil, listing = text }
+      end, { path }, 2, true, false, method)
+      for rank = 1, 2 do
+        assert.is_false(results[rank].inherited, results[rank].listing)
+      end
+      local server = H.forkserver()
+      if method == "forkserver" and server then
+        assert.is_nil(fd_targets(server.pid):find(path, 1, true))
+      end
+      for _, fh in ipairs(files) do fh:close() end
+      os.remove(path)
+    end)
+
+    it("a worker's descriptors are the protocol's and its own", function()
+      local path = os.tmpname()
+      local files = {}
+      for k = 1, 12 do files[k] = assert(io.open(path, "w")) end
+      local results = mp.start_processes(function()
+        local list = os.tmpname()
+        os.execute(("ls /proc/$PPID/fd > %s"):format(list))
+        local n = 0
+        for _ in io.lines(list) do n = n + 1 end
+        os.remove(list)
+        return n
+      end, {}, 1, true, false, method)
+      for _, fh in ipairs(files) do fh:close() end
+      os.remove(path)
+      -- 0-2, the reports file and its socket, the listing's own: far
+      -- below what the parent holds (busted's, the twelve files)
+      assert.is_true(results[1] <= 8, tostring(results[1]))
+    end)
+  end)
+end

@@ -97,6 +97,10 @@ static int child_main(void *arg) {
   syscall(SYS_setpgid, 0, 0);
   reset_handlers();
   if (place_fds(c) == 0) {
+    /* Only what the protocol passes crosses: the parent's other
+    ** descriptors (Lua's io.open files, a host's sockets) close at exec, as
+    ** in Python's spawn.  (Linux >= 5.11; before, they are inherited.) */
+    syscall(SYS_close_range, 3 + c->nfds, ~0U, CLOSE_RANGE_CLOEXEC);
     /* The parent blocked everything around clone; the new program starts
     ** with an empty mask (a join may have been blocking SIGINT). */
     syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, KSIGSET_SIZE);

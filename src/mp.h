@@ -152,7 +152,8 @@ void mp_exception_new(lua_State *L, const char *tname, int fields);
 #define MP_MAX_ARGS 100000
 
 /* worker.c, in the child: joins its own process group, dies with the parent
-** (exits at once if the parent is already gone), resets SIGINT/SIGTERM. */
+** (exits at once if the parent is already gone), resets SIGINT/SIGTERM and
+** unblocks every signal. */
 void mp_worker_detach(pid_t parent);
 /* Runs fn(rank, table.unpack(args)), reports, and never returns. */
 void mp_worker_run(lua_State *L, int fn, int args, int rank,
@@ -235,8 +236,9 @@ void   mp_new_class(lua_State *L, const char *tname, const luaL_Reg *meta,
 /* --- fresh interpreters: "spawn" and "forkserver" ---------------------- */
 
 /* launch.c: starts 'exe' with 'argv' (NULL-terminated) in its own process
-** group, with fds[i] as descriptor 3 + i, exit signal 0 and a pidfd made
-** with it.  0, or an errno with a message pushed. */
+** group, with fds[i] as descriptor 3 + i and no other of ours above 2,
+** exit signal 0 and a pidfd made with it.  0, or an errno with a message
+** pushed. */
 #define MP_LAUNCH_MAXFDS 256
 int  mp_launch(lua_State *L, const char *exe, char *const argv[],
                const int *fds, int nfds, pid_t *pid, int *pidfd);

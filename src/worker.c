@@ -49,7 +49,6 @@ void mp_worker_detach(pid_t parent) {
   if (getppid() != parent) _exit(1);
   /* As exec would: a handler the parent installed for these is dropped, so
   ** SIGTERM and SIGINT terminate the worker; an ignored signal stays so. */
-  sigemptyset(&set);
   for (i = 0; i < sizeof resets / sizeof resets[0]; i++) {
     struct sigaction sa;
     if (sigaction(resets[i], NULL, &sa) == 0 && sa.sa_handler != SIG_IGN) {
@@ -57,10 +56,11 @@ void mp_worker_detach(pid_t parent) {
       sa.sa_flags = 0;
       sigaction(resets[i], &sa, NULL);
     }
-    sigaddset(&set, resets[i]);
   }
-  sigaddset(&set, PARENT_DIED);
-  sigprocmask(SIG_UNBLOCK, &set, NULL);
+  /* Nothing the parent blocked stays blocked (a join blocks SIGINT, a
+  ** host may block anything), as in a fresh program. */
+  sigemptyset(&set);
+  sigprocmask(SIG_SETMASK, &set, NULL);
 }
 
 /* Pushes a readable text for the error value at 'idx', as lua.c would:
