@@ -482,3 +482,37 @@ for _, method in ipairs(H.methods) do
     end)
   end)
 end
+
+-- Issue 8, defect 8: a worker's file_system tracker cannot be killed with
+-- the worker's process group.  A parent that leaves every name to the
+-- trackers (it ends without closing its state) runs 20 small jobs whose
+-- workers each start one; once the parent is gone, every name goes.
+for _, method in ipairs(H.methods) do
+  describe("file_system trackers of workers, " .. method .. ":", function()
+    H.leak_check(before_each, after_each)
+
+    it("no segment outlives the job", function()
+      local shm = H.shm()
+      local script = run_script(([[
+        local mp = require "multiprocessing"
+        local keep = {}
+        for _ = 1, 20 do
+          keep[#keep + 1] = mp.start_processes(function()
+            local m = require "multiprocessing"
+            m.set_sharing_strategy("file_system")
+            return m.Array("int32", 4)
+          end, {}, 2, true, false, %q)
+        end
+        io.write(#keep, " jobs")
+        os.exit(0, false)   -- no lua_close: the names are the trackers'
+      ]]):format(method))
+      local out = H.sh(LUA .. " " .. script .. " 2>&1")
+      os.remove(script)
+      assert.are.equal("20 jobs", out)
+      assert.is_truthy(H.eventually(function()
+        return #H.shm() == #shm
+      end, 20), table.concat(H.shm(), " "))
+      assert.are.same(shm, H.shm())
+    end)
+  end)
+end

@@ -263,10 +263,14 @@ static Tracker *get_tracker(lua_State *L) {
     lua_error(L);
   }
   if (pid == 0) {
-    /* double fork: the tracker is nobody's child to reap or to count */
-    pid_t gc = fork();
+    /* Its own session before the tracker exists, and we go on only when
+    ** this child has exited: by then nothing that signals our process
+    ** group (Ctrl-C at the terminal, a parent reaping a worker with
+    ** killpg) can reach the tracker, which must outlive us to unlink. */
+    pid_t gc;
+    setsid();
+    gc = fork();                    /* nobody's child to reap or to count */
     if (gc != 0) _exit(gc < 0);
-    setsid();                       /* Ctrl-C at the terminal spares it */
     close_range(0, ~0U, 0);         /* it holds no pipe or socket open */
     tracker_main(t->t, parent, job);
   }
