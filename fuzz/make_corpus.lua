@@ -16,6 +16,20 @@ local shared = { 1, 2 }
 local deep = {}
 for _ = 1, 50 do deep = { deep } end
 
+-- nested tables that each claim every byte left as an item: the shape
+-- the decoder's one budget for the whole message stops (T_TABLE = 6)
+local function amplifier(size, levels)
+  local parts, pos = { "\xCD\1\1" }, 3
+  for _ = 1, levels do
+    local narr = size - pos - 4
+    parts[#parts + 1] = "\6" .. string.char((narr & 0x7F) | 0x80,
+      ((narr >> 7) & 0x7F) | 0x80, narr >> 14) .. u32(0)
+    pos = pos + 8
+  end
+  parts[#parts + 1] = ("\0"):rep(size - pos)
+  return table.concat(parts)
+end
+
 local seeds = {
   scalars = core.encode(false, nil, true, false, 0, -1, math.maxinteger,
                         math.mininteger, 1.5, -0.0, 0/0, math.huge),
@@ -30,6 +44,7 @@ local seeds = {
   deep = core.encode(false, deep),
   bytecode = core.encode(true, function(x) return x + shared[1] end),
   blob = blob,
+  amplify = amplifier(16 * 1024, 1000),
 }
 
 for name, bytes in pairs(seeds) do

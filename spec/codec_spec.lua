@@ -510,3 +510,80 @@ describe("codec", function()
     end)
   end)
 end)
+
+-- Issue 8, defect 10: what decoding may cost is bounded by one budget for
+-- the whole message.  Nested tables that each claim as many items as bytes
+-- are left pass every per-level check; before the budget, a 109 KB message
+-- of them cost 1.6 GB.
+describe("codec memory budget", function()
+  -- 'levels' nested tables, each claiming every byte left as an item (3-byte
+  -- varints, so the sizes are known up front), padded with nils to 'size'
+  local function amplifier(size, levels)
+    local parts, pos = { HEADER, varint(1) }, 3
+    for _ = 1, levels do
+      local narr = size - pos - 4
+      parts[#parts + 1] = tag(T.TABLE)
+        .. string.char((narr & 0x7F) | 0x80, ((narr >> 7) & 0x7F) | 0x80, narr >> 14)
+        .. string.pack("<I4", 0)
+      pos = pos + 8
+    end
+    parts[#parts + 1] = ("\0"):rep(size - pos)
+    local s = table.concat(parts)
+    assert(#s == size)
+    return s
+  end
+
+  -- KiB the Lua state allocated while 'f' ran (nothing is collected meanwhile)
+  local function allocated(f)
+    collectgarbage()
+    collectgarbage()
+    collectgarbage("stop")
+    local before = collectgarbage("count")
+    local ok, err = pcall(f)
+    local kib = collectgarbage("count") - before
+    collectgarbage("restart")
+    collectgarbage()
+    return kib, ok, err
+  end
+
+  it("a 109 KB message of nested claims costs at most a few MB, and fails", function()
+    local s = amplifier(109 * 1024, 1000)
+    local kib, ok, err = allocated(function() return decode(s) end)
+    assert.is_false(ok)
+    assert.matches("^bad message at byte %d+: ", err)
+    assert.matches("more memory than a message of 111616 bytes may", err, 1, true)
+    assert.is_true(kib < 4 * 1024, ("%.0f KiB"):format(kib))
+  end)
+
+  it("the budget is the message's, not each level's", function()
+    -- two levels are enough to overdraw it where each alone would pass
+    local s = amplifier(64 * 1024, 2)
+    local ok, err = pcall(decode, s)
+    assert.is_false(ok)
+    assert.matches("more memory than a message", err, 1, true)
+  end)
+
+  it("honest messages stay well within it", function()
+    local empties, nils, strings, record = {}, {}, {}, {}
+    for i = 1, 20000 do
+      empties[i] = {}
+      strings[i] = tostring(i)
+      record["k" .. i] = i % 2 == 0
+    end
+    for i = 1, 50000 do nils[i] = false end
+    local values = { empties, nils, strings, record, { { {} }, { {}, {} } } }
+    for _, v in ipairs(values) do
+      assert.are.same(v, decode(encode(false, v)))
+    end
+    -- many values at the top, each a table
+    assert.are.equal(5000, select("#", decode(encode(false, table.unpack(empties, 1, 5000)))))
+  end)
+
+  it("a message's own size is what it may cost: a big array of nils", function()
+    local n = 200000
+    local s = msg(tbl(n, 0) .. ("\0"):rep(n))
+    local kib, ok = allocated(function() return decode(s) end)
+    assert.is_true(ok)
+    assert.is_true(kib < 24 * (n + 100) / 1024, ("%.0f KiB"):format(kib))
+  end)
+end)

@@ -36,7 +36,14 @@
 **   their upvalues, module tables by reference, any metatable.
 ** Decoding in DATA mode takes untrusted input: every count is checked
 ** against the bytes left before anything is allocated, and everything
-** allocated is a Lua object on the stack, so an error frees it.
+** allocated is a Lua object on the stack, so an error frees it.  What a
+** message may cost the receiver is bounded as a whole, not per item: every
+** allocation (a table's preallocated parts, a string, an object's number,
+** a stack slot, a userdata) is charged against ONE budget of BUDGET_PER_BYTE
+** times the message's size (plus BUDGET_BASE), which no honest message
+** reaches.  Nested tables that each claim as many items as bytes are left
+** pass every per-level check, and would otherwise cost the square of the
+** message.
 */
 #include <errno.h>
 #include <fcntl.h>
@@ -61,6 +68,12 @@
 /* Tables and functions nest at most this deep, which bounds the C
 ** recursion of both encoder and decoder (and the Lua stack they use). */
 #define MAXDEPTH 1000
+
+/* The decoder's budget (bytes).  What an honest message costs per byte of
+** its encoding peaks at about 17: an empty table (6 bytes) in an array
+** costs a slot, the table and its object number (charge()). */
+#define BUDGET_PER_BYTE 24
+#define BUDGET_BASE     4096
 
 enum {
   T_NIL, T_FALSE, T_TRUE, T_INT, T_FLOAT, T_STRING, T_TABLE, T_TABLEMT,
@@ -843,6 +856,7 @@ struct mp_Reader {
   int depth;
   int refs;                     /* stack slot: the objects, in order */
   lua_Integer nobjs;
+  size_t budget;                /* bytes the message may still cost */
 };
 
 typedef mp_Reader Dec;
@@ -883,6 +897,28 @@ static void need (Dec *d, lua_Unsigned n, size_t unit, const char *what) {
   }
 }
 
+/* Charges 'n' items of 'each' bytes (what the receiver allocates for them)
+** to the message's budget before they are allocated.  The costs are Lua
+** 5.4's on 64 bits: a TValue or stack slot 16, a table 56, a hash node 32
+** (Lua rounds the node count up to a power of two: the real cost stays
+** within twice the charge), a string 24 plus its bytes. */
+static void charge (Dec *d, lua_Unsigned n, size_t each, const char *what) {
+  if (each != 0 && n > d->budget / each) {
+    char count[24];
+    snprintf(count, sizeof(count), "%llu", (unsigned long long)n);
+    lua_pushfstring(d->L, what, count);
+    bad(d, "%s would take more memory than a message of %I bytes may "
+        "(%I bytes left of its budget)", lua_tostring(d->L, -1),
+        (lua_Integer)(d->end - d->start), (lua_Integer)d->budget);
+  }
+  d->budget -= (size_t)n * each;
+}
+
+#define COST_SLOT   16
+#define COST_TABLE  56
+#define COST_NODE   32
+#define COST_STRING 24
+
 static int get_byte (Dec *d, const char *what) {
   need(d, 1, 1, what);
   return (unsigned char)*d->p++;
@@ -921,6 +957,7 @@ static lua_Unsigned get_fixed (Dec *d, int size) {
 static void push_lstring (Dec *d, const char *what) {
   lua_Unsigned len = get_varint(d);
   const char *s = get_bytes(d, len, what);
+  charge(d, 1, COST_STRING + (size_t)len, what);
   lua_pushlstring(d->L, s, (size_t)len);
 }
 
@@ -933,6 +970,7 @@ static void enter_dec (Dec *d) {
 /* Gives the next number to the object on top. */
 static void number_object (Dec *d) {
   lua_State *L = d->L;
+  charge(d, 1, 2 * COST_SLOT, "an object");  /* its slot, as the list grows */
   if (lua_isnil(L, d->refs)) {
     lua_newtable(L);
     lua_replace(L, d->refs);
@@ -990,7 +1028,10 @@ static void decode_table (Dec *d, int hasmt) {
   nhash = get_fixed(d, 4);
   need(d, nhash, 2, "%s table entries");
   enter_dec(d);
-  /* the counts are below the bytes left, which bounds what this allocates */
+  /* the counts are below the bytes left, and charged */
+  charge(d, 1, COST_TABLE, "a table");
+  charge(d, narr, COST_SLOT, "an array of %s items");
+  charge(d, nhash, COST_NODE, "%s table entries");
   lua_createtable(L, hint(narr), hint(nhash));
   t = lua_gettop(L);
   number_object(d);
@@ -1084,6 +1125,7 @@ static void decode_function (Dec *d) {
   }
   len = get_fixed(d, 4);
   code = get_bytes(d, len, "bytecode of %s bytes");
+  charge(d, len, 4, "bytecode of %s bytes");  /* a prototype outweighs it */
   enter_dec(d);
   if (luaL_loadbufferx(L, code, (size_t)len, "=(bytecode)", "b") != LUA_OK) {
     d->p = at;
@@ -1129,6 +1171,7 @@ static void decode_userdata (Dec *d) {
   nbytes = get_fixed(d, 4);
   nfds = get_fixed(d, 4);
   need(d, nbytes, 1, "a userdata of %s bytes");
+  charge(d, 1, (size_t)nbytes + COST_TABLE, "a userdata");
   if (nfds > d->nfds - d->fd)
     bad(d, "userdata '%s' needs %I descriptors, %I came",
         type->tname, (lua_Integer)nfds, (lua_Integer)(d->nfds - d->fd));
@@ -1192,6 +1235,8 @@ int mp_decode (lua_State *L, const char *data, size_t size, int flags,
   d.flags = flags;
   d.depth = 0;
   d.nobjs = 0;
+  d.budget = size > (SIZE_MAX - BUDGET_BASE) / BUDGET_PER_BYTE
+             ? SIZE_MAX : BUDGET_PER_BYTE * size + BUDGET_BASE;
   if (size < 2 || (unsigned char)data[0] != MAGIC)
     fail(L, "bad message: not from this codec (no magic byte)");
   if (data[1] != VERSION)
@@ -1200,6 +1245,7 @@ int mp_decode (lua_State *L, const char *data, size_t size, int flags,
   d.p += 2;
   n = get_varint(&d);
   need(&d, n, 1, "a message of %s values");
+  charge(&d, n, COST_SLOT, "a message of %s values");
   luaL_checkstack(L, hint(n + 1), "bad message: too many values");
   lua_pushnil(L);
   d.refs = lua_gettop(L);
