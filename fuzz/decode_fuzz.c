@@ -1,7 +1,8 @@
 /*
 ** decode_fuzz.c -- libFuzzer target: mp_decode on untrusted bytes (DATA
 ** mode).  Every input must decode or raise a Lua error; nothing may crash,
-** leak, read out of bounds or allocate beyond what the input can justify.
+** leak, read out of bounds or allocate beyond what the input can justify
+** (the decoder's budget: 24 bytes a byte; -malloc_limit_mb catches more).
 **
 ** One lua_State serves all inputs; a test userdata type "fuzz.Blob" is
 ** registered so that the userdata path (payload window, descriptors) is
@@ -43,10 +44,13 @@ typedef struct Input {
   size_t size;
 } Input;
 
+/* Each input twice: as a receiver decodes it, and as a context that
+** finished gives back what nobody took (module references unresolved). */
 static int decode(lua_State *L) {
   const Input *in = (const Input *)lua_touserdata(L, 1);
+  int flags = (int)lua_tointeger(L, 2);
   int fds[3] = {1000, 1001, -1};
-  mp_decode(L, (const char *)in->data, in->size, MP_CODEC_DATA, fds, 3);
+  mp_decode(L, (const char *)in->data, in->size, flags, fds, 3);
   return 0;
 }
 
@@ -73,7 +77,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   in.size = size;
   lua_pushcfunction(L, decode);
   lua_pushlightuserdata(L, &in);
-  lua_pcall(L, 1, 0, 0);
+  lua_pushinteger(L, MP_CODEC_DATA);
+  lua_pcall(L, 2, 0, 0);
+  lua_settop(L, 0);
+  lua_pushcfunction(L, decode);
+  lua_pushlightuserdata(L, &in);
+  lua_pushinteger(L, MP_CODEC_DISCARD);
+  lua_pcall(L, 2, 0, 0);
   lua_settop(L, 0);
   if (++runs % 1024 == 0) lua_gc(L, LUA_GCCOLLECT);
   return 0;

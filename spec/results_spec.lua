@@ -120,3 +120,60 @@ describe("results with descriptors", function()
     ctx:close()
   end)
 end)
+
+-- Issue 8, defect 9: shared memory the workers of a context returned is
+-- given back when the context ends without anybody taking it -- not when
+-- the parent exits.  The checks run before any collection: the context's
+-- end frees it, not the garbage collector.
+for _, method in ipairs(H.methods) do
+  for _, strategy in ipairs(H.STRATEGIES) do
+    describe(("results nobody takes, %s, %s:"):format(method, strategy), function()
+      H.leak_check(before_each, after_each, strategy)
+
+      local function make_array(_, s)
+        local m = require "multiprocessing"
+        m.set_sharing_strategy(s)
+        return { a = m.Array("int32", 4), v = m.Value("double", 2) }
+      end
+
+      local function wait_exit(p)
+        assert.is_truthy(H.eventually(function() return not p:is_alive() end, 30))
+      end
+
+      it("closed before results(): the arrays are freed at close", function()
+        local shm, fds = H.shm(), H.fds()
+        local ctx = mp.start_processes(make_array, { strategy }, 2, false,
+                                       false, method)
+        for _, p in ipairs(ctx.processes) do wait_exit(p) end
+        ctx:close()
+        assert.are.same(shm, H.shm())
+        assert.are.same(fds, H.fds())
+      end)
+
+      it("a context that failed: the other workers' arrays are freed", function()
+        local shm, fds = H.shm(), H.fds()
+        local go = os.tmpname()
+        os.remove(go)
+        local ctx = mp.start_processes(function(i, s, path)
+          if i == 0 then return make_array(i, s) end
+          -- fails only once rank 0 has returned (the parent says so)
+          for _ = 1, 3000 do
+            local f = io.open(path)
+            if f then f:close() break end
+            os.execute("sleep 0.01")
+          end
+          error("rank 1 fails after rank 0 returned")
+        end, { strategy, go }, 2, false, false, method)
+        wait_exit(ctx.processes[1])
+        io.open(go, "w"):close()
+        local ok, e = pcall(ctx.join, ctx)
+        os.remove(go)
+        assert.is_false(ok)
+        assert.is_true(mp.isinstance(e, mp.ProcessRaisedException))
+        assert.are.equal(1, e.error_index)
+        assert.are.same(shm, H.shm())
+        assert.are.same(fds, H.fds())
+      end)
+    end)
+  end
+end

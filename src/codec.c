@@ -1009,6 +1009,11 @@ static void check_key (Dec *d, const char *at) {
 static void decode_metatable (Dec *d, int t) {
   lua_State *L = d->L;
   const char *at = d->p;
+  if (d->flags & MP_CODEC_DISCARD) {  /* no module was loaded for it */
+    decode_value(d);
+    lua_pop(L, 1);
+    return;
+  }
   if (!(d->flags & MP_CODEC_FUNCTIONS) &&
       (d->p == d->end || (*d->p != T_MODULE && *d->p != T_GLOBALS)))
     bad(d, "metatable is not a module reference");
@@ -1074,6 +1079,12 @@ static void decode_module (Dec *d, int field) {
   lua_State *L = d->L;
   const char *at = d->p - 1;
   push_lstring(d, "a module name of %s bytes");
+  if (d->flags & MP_CODEC_DISCARD) {  /* nothing to load for nobody */
+    if (field) get_bytes(d, get_varint(d), "a field name of %s bytes");
+    lua_pop(L, 1);
+    lua_pushnil(L);
+    return;
+  }
   if (!field) {
     require_module(d);
     return;
@@ -1188,6 +1199,11 @@ static void decode_userdata (Dec *d) {
   d->end = end;
   lua_remove(L, -2);  /* the type name */
   number_object(d);
+  if ((d->flags & MP_CODEC_DISCARD) &&
+      luaL_getmetafield(L, -1, "__close") != LUA_TNIL) {
+    lua_pushvalue(L, -2);
+    lua_call(L, 1, 0);
+  }
 }
 
 static void decode_value (Dec *d) {

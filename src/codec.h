@@ -23,6 +23,12 @@
 ** until the sender closes it; a decoded object takes no reference of its
 ** own.  Give the flag to both mp_encode and mp_decode. */
 #define MP_CODEC_BROADCAST  2
+/* mp_decode, for a message nobody will receive (the results of a context
+** that failed): decodes only to give back what it holds.  Module
+** references are not resolved (nil), and every object decoded is closed
+** (its __close) at once: a file_system name's reference is released, a
+** descriptor closed. */
+#define MP_CODEC_DISCARD    8
 
 /* The encoded form of one value: bytes plus the descriptors that must
 ** travel beside them (shared memory, sockets).  The descriptors are borrowed

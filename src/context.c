@@ -84,8 +84,10 @@ mp_Context *mp_checkcontext(lua_State *L, int idx) {
 }
 
 void mp_context_finish(lua_State *L, mp_Context *ctx) {
-  if (getpid() == ctx->owner)
+  if (getpid() == ctx->owner) {
+    mp_reports_discard(L, &ctx->reports, ctx->started);
     mp_reports_settle(L, &ctx->reports, ctx->started);
+  }
   mp_reports_close(&ctx->reports);
   ctx->closed = 1;
 }

@@ -81,6 +81,10 @@ int  mp_reports_take(mp_Reports *r, int rank, int kind, mp_Report *out);
 void mp_report_free(mp_Report *rep);   /* closes the descriptors left */
 /* Where in the memfd the ledger of worker 'rank' is (ledger.c). */
 off_t mp_reports_ledger_at(int rank);
+/* Every worker gone: the reports of ranks 0..n-1 nobody took (the results
+** of a context that failed or was closed) give back the shared memory and
+** descriptors they carry (MP_CODEC_DISCARD). */
+void mp_reports_discard(lua_State *L, mp_Reports *r, int n);
 /* Every worker gone: gives back what the ledgers of ranks 0..n-1 list. */
 void mp_reports_settle(lua_State *L, mp_Reports *r, int n);
 /* Worker side: sends the report's descriptors, then writes it; 0 or errno. */
@@ -137,7 +141,8 @@ mp_Context *mp_checkcontext(lua_State *L, int idx);
 /* Terminates and reaps what still runs, then finishes the context. */
 void mp_context_close(lua_State *L, mp_Context *ctx, double grace);
 /* Every worker reaped: gives back the file_system references the dead ones
-** still held (their ledgers) and closes the reports. */
+** still held (their ledgers) and what the reports nobody took carry, and
+** closes the reports. */
 void mp_context_finish(lua_State *L, mp_Context *ctx);
 
 /* exception.c: types are metatables named below; each has __parent. */

@@ -33,6 +33,7 @@
 
 #include <sys/socket.h>
 
+#include "codec.h"
 #include "mp.h"
 #include "sharing.h"
 
@@ -257,6 +258,30 @@ int mp_reports_take(mp_Reports *r, int rank, int kind, mp_Report *out) {
   out->data[h.size] = '\0';
   out->size = (size_t)h.size;
   return 1;
+}
+
+/* --- reports nobody takes ----------------------------------------------- */
+
+/* Protected: decodes the mp_Report (light userdata at 1) only to give back
+** what it holds. */
+static int discard_report(lua_State *L) {
+  mp_Report *rep = lua_touserdata(L, 1);
+  mp_decode(L, rep->data, rep->size, MP_CODEC_DISCARD, rep->fds, rep->nfds);
+  return 0;
+}
+
+void mp_reports_discard(lua_State *L, mp_Reports *r, int n) {
+  static const int kinds[] = {MP_REPORT_RESULT, MP_REPORT_ERROR};
+  int rank, k;
+  for (rank = 0; rank < n; rank++)
+    for (k = 0; k < 2; k++) {
+      mp_Report rep;
+      if (mp_reports_take(r, rank, kinds[k], &rep) <= 0) continue;
+      lua_pushcfunction(L, discard_report);
+      lua_pushlightuserdata(L, &rep);
+      if (lua_pcall(L, 1, 0, 0) != LUA_OK) lua_pop(L, 1);  /* was not ours */
+      mp_report_free(&rep);
+    }
 }
 
 /* --- ledgers ------------------------------------------------------------- */
