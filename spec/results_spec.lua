@@ -177,3 +177,92 @@ for _, method in ipairs(H.methods) do
     end)
   end
 end
+
+-- Issue 8, defects 11 and 14: what the parent cannot receive.
+for _, method in ipairs(H.methods) do
+  describe(("results and error values that cannot cross, %s:"):format(method), function()
+    H.leak_check(before_each, after_each)
+
+    local function start(fn, n, join)
+      return mp.start_processes(fn, {}, n or 1, join, false, method)
+    end
+
+    -- a module only the worker has: its function goes as a module
+    -- reference, which the parent cannot resolve
+    local function worker_only(i)
+      package.preload["results_spec_worker_only"] = function()
+        return { f = function() end }
+      end
+      if i == 0 then return require("results_spec_worker_only").f end
+    end
+
+    it("an undecodable result raises a ProcessException naming the process", function()
+      local ctx = start(worker_only, 2, false)
+      local ok, e = pcall(ctx.join, ctx)
+      assert.is_false(ok)
+      assert.are.equal("userdata", type(e))
+      assert.is_true(mp.isinstance(e, mp.ProcessException))
+      assert.are.equal(0, e.error_index)
+      assert.are.equal(ctx.processes[1].pid, e.pid)
+      assert.are.equal(ctx.processes[1].pid, e.error_pid)
+      assert.matches("process 0 %(pid %d+%)", e.msg)
+      assert.matches("result", e.msg)
+      assert.matches("results_spec_worker_only", e.msg)
+      assert.are.equal(e.msg, tostring(e))
+      -- the same exception again, from join and results
+      local ok2, e2 = pcall(ctx.join, ctx)
+      assert.is_false(ok2)
+      assert.are.equal(e, e2)
+      local ok3, e3 = pcall(ctx.results, ctx)
+      assert.is_false(ok3)
+      assert.are.equal(e, e3)
+    end)
+
+    it("start_processes with join raises it too", function()
+      local ok, e = pcall(start, worker_only, 1, true)
+      assert.is_false(ok)
+      assert.is_true(mp.isinstance(e, mp.ProcessException))
+      assert.are.equal(0, e.error_index)
+    end)
+
+    it("error({code = 1, f = function() end}) keeps code and describes f", function()
+      local ok, e = pcall(start, function()
+        error({ code = 1, f = function() end, nested = { t = coroutine.create(print),
+                                                           u = io.stdout, 7 } })
+      end, 1, true)
+      assert.is_false(ok)
+      assert.is_true(mp.isinstance(e, mp.ProcessRaisedException))
+      assert.are.equal("table", type(e.value))
+      assert.are.equal(1, e.value.code)
+      assert.are.equal("<function>", e.value.f)
+      assert.are.equal("<thread>", e.value.nested.t)
+      assert.are.equal("<userdata>", e.value.nested.u)
+      assert.are.equal(7, e.value.nested[1])
+    end)
+
+    it("an error value's fields cross even when its class cannot", function()
+      local ok, e = pcall(start, function()
+        local Err = { __tostring = function(self) return "Err " .. self.code end }
+        error(setmetatable({ code = 2, why = "bad" }, Err))
+      end, 1, true)
+      assert.is_false(ok)
+      assert.are.same({ code = 2, why = "bad" }, e.value)
+      assert.matches("Err 2", e.msg)
+    end)
+
+    it("a function error value is described", function()
+      local ok, e = pcall(start, function() error(print) end, 1, true)
+      assert.is_false(ok)
+      assert.are.equal(print, e.value)   -- a module function still crosses
+      ok, e = pcall(start, function() error(function() end) end, 1, true)
+      assert.is_false(ok)
+      assert.are.equal("<function>", e.value)
+    end)
+
+    it("a result keeps refusing what cannot cross", function()
+      local ok, e = pcall(start, function() return { f = function() end } end, 1, true)
+      assert.is_false(ok)
+      assert.matches("cannot send result.f %(function%)", e.msg)
+    end)
+  end)
+end

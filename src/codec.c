@@ -429,9 +429,17 @@ static void push_description (lua_State *L, const Step *s, int owner) {
   lua_remove(L, -2);
 }
 
-/* Raises "cannot send <path> (<what>) <to>"; 'what' defaults to the type. */
+/* Raises "cannot send <path> (<what>) <to>"; 'what' defaults to the type.
+** In MP_CODEC_DESCRIBE mode it writes "<type>" in the value's place. */
 static int cannot_send (Enc *e, int idx, const Step *at, const char *what) {
   lua_State *L = e->L;
+  if (e->flags & MP_CODEC_DESCRIBE) {
+    const char *s = lua_pushfstring(L, "<%s>", luaL_typename(L, idx));
+    put_byte(e, T_STRING);
+    put_lstring(e, s, strlen(s));
+    lua_pop(L, 1);
+    return 0;
+  }
   if (what == NULL) what = luaL_typename(L, idx);
   push_description(L, at, 0);
   lua_pushfstring(L, "cannot send %s (%s)%s%s", lua_tostring(L, -1), what,
@@ -541,6 +549,17 @@ static int put_module (Enc *e, int v) {
   return 1;
 }
 
+/* Could the value at 'v' go as a module reference? */
+static int is_module (Enc *e, int v) {
+  lua_State *L = e->L;
+  int mods = e->box_idx + S_MODULES;
+  if (lua_isnil(L, mods)) index_modules(e);
+  lua_pushvalue(L, v);
+  v = lua_rawget(L, mods) != LUA_TNIL;
+  lua_pop(L, 1);
+  return v;
+}
+
 /* }------------------------------------------------------------------ */
 
 
@@ -584,6 +603,11 @@ static void encode_table (Enc *e, int t, const Step *at) {
   if (put_ref(e, t)) return;
   enter(e, at);
   mt = lua_getmetatable(L, t) ? lua_gettop(L) : 0;
+  if (mt && (e->flags & MP_CODEC_DESCRIBE) &&
+      !(e->flags & MP_CODEC_FUNCTIONS) && !is_module(e, mt)) {
+    lua_pop(L, 1);  /* described: the fields go, the class stays behind */
+    mt = 0;
+  }
   put_byte(e, mt ? T_TABLEMT : T_TABLE);
   n = lua_rawlen(L, t);
   put_varint(e, n);

@@ -23,6 +23,11 @@
 ** until the sender closes it; a decoded object takes no reference of its
 ** own.  Give the flag to both mp_encode and mp_decode. */
 #define MP_CODEC_BROADCAST  2
+/* mp_encode, for error values only: a value that cannot cross (a function
+** in DATA mode, a userdata of no codec type, a thread) goes as a short
+** description, the string "<function>", "<userdata>" or "<thread>", and a
+** metatable that cannot is left out, so that every other part arrives. */
+#define MP_CODEC_DESCRIBE   4
 /* mp_decode, for a message nobody will receive (the results of a context
 ** that failed): decodes only to give back what it holds.  Module
 ** references are not resolved (nil), and every object decoded is closed

@@ -344,18 +344,23 @@ static void exited_message(lua_State *L, int rank, int code) {
   lua_remove(L, -2);
 }
 
+/* Pushes the fields every exception about worker 'rank' has. */
+static void push_fields(lua_State *L, const mp_Context *ctx, int rank) {
+  lua_createtable(L, 0, 8);
+  lua_pushinteger(L, rank);
+  lua_setfield(L, -2, "error_index");
+  lua_pushinteger(L, ctx->workers[rank].pid);
+  lua_setfield(L, -2, "error_pid");
+  lua_pushinteger(L, ctx->workers[rank].pid);
+  lua_setfield(L, -2, "pid");
+}
+
 /* Pushes the exception for worker 'rank' (which failed). */
 static void push_exception(lua_State *L, mp_Context *ctx, int rank) {
   const mp_Worker *w = &ctx->workers[rank];
   mp_Report rep;
   int got = mp_reports_take(&ctx->reports, rank, MP_REPORT_ERROR, &rep);
-  lua_createtable(L, 0, 8);
-  lua_pushinteger(L, rank);
-  lua_setfield(L, -2, "error_index");
-  lua_pushinteger(L, w->pid);
-  lua_setfield(L, -2, "error_pid");
-  lua_pushinteger(L, w->pid);
-  lua_setfield(L, -2, "pid");
+  push_fields(L, ctx, rank);
   if (w->exitcode != MP_EXIT_UNKNOWN) {
     lua_pushinteger(L, w->exitcode);
     lua_setfield(L, -2, "exit_code");
@@ -398,30 +403,51 @@ static void push_failure(lua_State *L, mp_Context *ctx, int first) {
 
 /* --- results ------------------------------------------------------------- */
 
-/* Reads every result into uv.results; on a bad report, the error. */
+/* A result the parent cannot read or decode (a function of a module only
+** the worker has): the worker's own exit was clean, so the exception says
+** it was its result.  The message (why) is on top; it is replaced. */
+static void push_result_failure(lua_State *L, const mp_Context *ctx,
+                                int rank) {
+  push_fields(L, ctx, rank);
+  lua_pushfstring(L, "process %d (pid %d) exited cleanly, but its result "
+                     "cannot be received: %s", rank,
+                  (int)ctx->workers[rank].pid, lua_tostring(L, -2));
+  lua_setfield(L, -2, "msg");
+  mp_exception_new(L, MP_EXC_BASE, -1);
+  lua_replace(L, -3);
+  lua_pop(L, 1);
+}
+
+/* Reads every result into uv.results; on a bad report, pushes the
+** exception and returns 0 (the results decoded so far are closed when
+** collected, the others when the context finishes). */
 static int read_results(lua_State *L, mp_Context *ctx, int uv) {
-  int i, status = LUA_OK;
+  int i;
   lua_createtable(L, ctx->nprocs, 1);
   lua_pushinteger(L, ctx->nprocs);
   lua_setfield(L, -2, "n");
   for (i = 0; i < ctx->nprocs; i++) {
     mp_Report rep;
-    int got = mp_reports_take(&ctx->reports, i, MP_REPORT_RESULT, &rep);
+    int got = mp_reports_take(&ctx->reports, i, MP_REPORT_RESULT, &rep), status;
     if (got == 0) continue;
     if (got < 0) {
-      lua_pushfstring(L, "the result of process %d could not be read: %s", i,
-                      strerror(-got));
-      return LUA_ERRRUN;
+      lua_pushfstring(L, "it could not be read (%s)", strerror(-got));
+      status = LUA_ERRRUN;
+    } else {
+      lua_pushcfunction(L, decode_report);
+      lua_pushlightuserdata(L, &rep);
+      status = lua_pcall(L, 1, 1, 0);
+      mp_report_free(&rep);
     }
-    lua_pushcfunction(L, decode_report);
-    lua_pushlightuserdata(L, &rep);
-    status = lua_pcall(L, 1, 1, 0);
-    mp_report_free(&rep);
-    if (status != LUA_OK) return status;
+    if (status != LUA_OK) {
+      push_result_failure(L, ctx, i);
+      lua_remove(L, -2);
+      return 0;
+    }
     lua_rawseti(L, -2, i + 1);
   }
   lua_setfield(L, uv, "results");
-  return LUA_OK;
+  return 1;
 }
 
 /* --- join ---------------------------------------------------------------- */
@@ -475,7 +501,7 @@ int mp_join(lua_State *L, int ctxidx, double timeout, double grace,
   if (failed < 0 && !interrupted) {
     unwatch_interrupt(&in);
     lua_getiuservalue(L, ctxidx, 1);
-    if (read_results(L, ctx, lua_gettop(L)) != LUA_OK) {
+    if (!read_results(L, ctx, lua_gettop(L))) {
       lua_remove(L, -2);
       settle(L, ctx, ctxidx);
       return raise_failure(L, ctxidx);

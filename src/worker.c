@@ -133,7 +133,10 @@ static int put_report(lua_State *L) {
   mp_Encoded enc;
   int err;
   names[0] = kind == MP_REPORT_RESULT ? "result" : "error report";
-  mp_encode(L, 1, 1, MP_CODEC_DATA, names, "back to the parent", &enc);
+  /* an error value keeps what can cross, and describes the rest */
+  mp_encode(L, 1, 1, kind == MP_REPORT_RESULT ? MP_CODEC_DATA
+                                              : MP_CODEC_DATA | MP_CODEC_DESCRIBE,
+            names, "back to the parent", &enc);
   err = mp_reports_put((const mp_ReportTo *)lua_touserdata(L, 3),
                        (int)lua_tointeger(L, 2), kind, enc.data, enc.size,
                        enc.fds, enc.nfds);
@@ -156,8 +159,10 @@ static int try_put(lua_State *L, int value, int rank, const mp_ReportTo *to,
 }
 
 /* The report at 'report' is a table from make_report, or a bare message when
-** the handler could not run (out of memory).  A value that cannot be sent is
-** dropped, its text kept; failing all else, stderr gets the text. */
+** the handler could not run (out of memory).  Its value goes described
+** (MP_CODEC_DESCRIBE); one that still cannot be sent (nested too deep, an
+** object that refuses) is dropped, its text kept; failing all else, stderr
+** gets the text. */
 static void report_error(lua_State *L, int report, int rank,
                          const mp_ReportTo *to) {
   report = lua_absindex(L, report);
