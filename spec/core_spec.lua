@@ -516,3 +516,140 @@ for _, method in ipairs(H.methods) do
     end)
   end)
 end
+
+-- active_children() and current_process(), after CPython's _TestProcess
+-- (test_current, test_process, test_active_children, test_terminate).
+for _, method in ipairs(H.methods) do
+  describe("active_children and current_process, " .. method .. ":", function()
+    H.leak_check(before_each, after_each)
+
+    local function start(fn, args, n, daemon)
+      return mp.start_processes(fn, args or {}, n or 1, false, daemon or false, method)
+    end
+
+    -- a worker that waits until the parent creates 'path'
+    local function wait_for(_, path)
+      for _ = 1, 6000 do
+        local f = io.open(path)
+        if f then f:close() return end
+        os.execute("sleep 0.01")
+      end
+    end
+
+    local function gate()
+      local path = os.tmpname()
+      os.remove(path)
+      return path, function() io.open(path, "w"):close() end
+    end
+
+    it("test_current: the parent is MainProcess", function()
+      local current = mp.current_process()
+      assert.is_true(current.is_alive())
+      assert.is_false(current.daemon)
+      assert.are.equal(H.pid(), current.ident)
+      assert.are.equal(H.pid(), current.pid)
+      assert.is_nil(current.exitcode)
+      assert.are.equal("MainProcess", current.name)
+      assert.is_nil(current.rank)
+    end)
+
+    it("test_process: a worker knows its pid, name, rank and daemon flag", function()
+      for _, daemon in ipairs({ false, true }) do
+        local ctx = start(function()
+          local c = require("multiprocessing").current_process()
+          return { pid = c.pid, ident = c.ident, name = c.name, rank = c.rank,
+                   daemon = c.daemon, alive = c.is_alive() }
+        end, {}, 2, daemon)
+        assert.is_true(ctx:join())
+        local results = ctx:results()
+        for rank = 0, 1 do
+          local r, p = results[rank + 1], ctx.processes[rank + 1]
+          assert.are.equal(p.pid, r.pid)
+          assert.are.equal(p.pid, r.ident)
+          assert.are.equal(p.pid, p.ident)
+          assert.are.equal(rank, r.rank)
+          assert.are.equal(p.name, r.name)
+          assert.are.equal("string", type(r.name))
+          assert.are_not.equal("MainProcess", r.name)
+          assert.are.equal(daemon, r.daemon)
+          assert.are.equal(daemon, p.daemon)
+          assert.is_true(r.alive)
+        end
+      end
+    end)
+
+    it("test_active_children: a list with the live workers, then without", function()
+      assert.are.equal("table", type(mp.active_children()))
+      local before = #mp.active_children()
+      local path, open = gate()
+      local ctx = start(wait_for, { path }, 2, true)
+      local kids = mp.active_children()
+      assert.are.equal(before + 2, #kids)
+      local found = {}
+      for _, k in ipairs(kids) do
+        for rank, p in ipairs(ctx.processes) do
+          if rawequal(k, p) then found[rank] = true end
+        end
+      end
+      assert.are.same({ true, true }, found)
+      open()
+      assert.is_true(ctx:join())
+      os.remove(path)
+      for _, k in ipairs(mp.active_children()) do
+        assert.is_false(rawequal(k, ctx.processes[1]) or rawequal(k, ctx.processes[2]))
+      end
+      assert.are.equal(before, #mp.active_children())
+    end)
+
+    it("reaps the workers that exited, as Python's does", function()
+      local path, open = gate()
+      local ctx = start(function(i, p)
+        if i == 1 then wait_for(i, p) end
+      end, { path }, 2)
+      local first = ctx.processes[1]
+      assert.is_truthy(H.eventually(function()
+        return #mp.active_children() == 1
+      end, 30))
+      assert.is_true(rawequal(ctx.processes[2], mp.active_children()[1]))
+      -- rank 0 was reaped: its exit code is known, it is no zombie
+      assert.are.equal(0, first.exitcode)
+      assert.is_nil(H.state(first.pid))
+      open()
+      assert.is_true(ctx:join())
+      os.remove(path)
+      assert.are.same({}, mp.active_children())
+    end)
+
+    it("test_terminate: a terminated worker leaves the list", function()
+      local ctx = start(function() os.execute("sleep 30") end, {}, 1, true)
+      local p = ctx.processes[1]
+      assert.is_true(p:is_alive())
+      assert.is_true(rawequal(p, mp.active_children()[1]))
+      assert.is_nil(p.exitcode)
+      p:terminate()
+      assert.is_truthy(H.eventually(function() return not p:is_alive() end, 30))
+      assert.are.same({}, mp.active_children())
+      pcall(ctx.join, ctx)
+    end)
+
+    it("a closed context's workers are not listed", function()
+      local ctx = start(function() os.execute("sleep 30") end, {}, 2)
+      assert.are.equal(2, #mp.active_children())
+      ctx:close(0)
+      assert.are.same({}, mp.active_children())
+    end)
+
+    it("in a worker: its own children, not its siblings", function()
+      local ctx = start(function()
+        local m = require "multiprocessing"
+        local inner = m.start_processes(function() os.execute("sleep 30") end,
+                                        {}, 1, false, false, "fork")
+        local n = #m.active_children()
+        inner:close(0)
+        return n
+      end, {}, 2)
+      assert.is_true(ctx:join())
+      assert.are.same({ 1, 1, n = 2 }, ctx:results())
+    end)
+  end)
+end

@@ -9,6 +9,11 @@
 ** payload (spawn, forkserver: the workers' encoded fn and args, holding the
 ** file_system references they need until the context ends).
 ** A Process handle keeps its context alive through its own uservalue.
+**
+** The contexts a process started are listed, weakly, in the registry
+** (CONTEXTS_KEY: an array with holes, and its length in field n), for
+** active_children(); current_process() reads what a worker knows of itself
+** (MP_WORKER_KEY, worker.c).
 */
 #include <errno.h>
 #include <signal.h>
@@ -19,6 +24,7 @@
 #include "mp.h"
 
 #define MAX_PROCS 65536
+#define CONTEXTS_KEY "multiprocessing.contexts"
 
 typedef struct Process {
   int rank;
@@ -146,6 +152,34 @@ static mp_Context *new_context(lua_State *L, const mp_StartMethod *method,
   return ctx;
 }
 
+/* Pushes the list of the contexts this state started (weak values). */
+static void push_contexts(lua_State *L) {
+  if (lua_getfield(L, LUA_REGISTRYINDEX, CONTEXTS_KEY) == LUA_TTABLE) return;
+  lua_pop(L, 1);
+  lua_newtable(L);
+  lua_createtable(L, 0, 1);
+  lua_pushliteral(L, "v");
+  lua_setfield(L, -2, "__mode");
+  lua_setmetatable(L, -2);
+  lua_pushinteger(L, 0);
+  lua_setfield(L, -2, "n");
+  lua_pushvalue(L, -1);
+  lua_setfield(L, LUA_REGISTRYINDEX, CONTEXTS_KEY);
+}
+
+static void remember_context(lua_State *L, int ctxidx) {
+  lua_Integer n;
+  push_contexts(L);                                 /* ... list */
+  lua_getfield(L, -1, "n");
+  n = lua_tointeger(L, -1) + 1;
+  lua_pop(L, 1);
+  lua_pushvalue(L, ctxidx);
+  lua_rawseti(L, -2, n);
+  lua_pushinteger(L, n);
+  lua_setfield(L, -2, "n");
+  lua_pop(L, 1);
+}
+
 /* fn at 1, args at 2: starts the workers and joins them when asked. */
 static int start(lua_State *L, const mp_StartMethod *method, int nprocs,
                  int join, int daemon) {
@@ -156,6 +190,7 @@ static int start(lua_State *L, const mp_StartMethod *method, int nprocs,
     return luaL_error(L, "cannot create the workers' report file: %s",
                       strerror(err));
   ctx->closed = 0;
+  remember_context(L, ctxidx);
   if (method->start(L, ctx, ctxidx, 1, 2) != 0) {
     int started = ctx->started;
     mp_context_close(L, ctx, 0);
@@ -333,7 +368,7 @@ static int process_kill(lua_State *L) { return process_signal(L, SIGKILL); }
 static int process_index(lua_State *L) {
   mp_Worker *w = check_process(L, 1);
   const char *key = lua_tostring(L, 2);
-  if (key != NULL && strcmp(key, "pid") == 0) {
+  if (key != NULL && (strcmp(key, "pid") == 0 || strcmp(key, "ident") == 0)) {
     lua_pushinteger(L, w->pid);
   } else if (key != NULL && strcmp(key, "exitcode") == 0) {
     if (w->pid > 0 && mp_reap(w) && w->exitcode != MP_EXIT_UNKNOWN)
@@ -342,6 +377,11 @@ static int process_index(lua_State *L) {
       lua_pushnil(L);
   } else if (key != NULL && strcmp(key, "rank") == 0) {
     lua_pushinteger(L, ((Process *)lua_touserdata(L, 1))->rank);
+  } else if (key != NULL && strcmp(key, "name") == 0) {
+    lua_pushfstring(L, "Process-%d", ((Process *)lua_touserdata(L, 1))->rank);
+  } else if (key != NULL && strcmp(key, "daemon") == 0) {
+    lua_getiuservalue(L, 1, 1);
+    lua_pushboolean(L, ((mp_Context *)lua_touserdata(L, -1))->daemon);
   } else {
     mp_push_method(L);
   }
@@ -356,6 +396,82 @@ static int process_tostring(lua_State *L) {
                     (int)w->pid, w->exitcode);
   else
     lua_pushfstring(L, "Process %d (pid %d, running)", p->rank, (int)w->pid);
+  return 1;
+}
+
+/* --- the processes of this process -------------------------------------- */
+
+/* active_children(): the Process handles of the workers this process
+** started that still run, in the order they were started.  As Python's,
+** it reaps the ones that have exited (their exit codes stay readable) and
+** forgets the contexts that are over. */
+static int l_active_children(lua_State *L) {
+  lua_Integer i, n, kept = 0;
+  int list, out, k;
+  lua_newtable(L);
+  out = lua_gettop(L);
+  push_contexts(L);
+  list = lua_gettop(L);
+  lua_getfield(L, list, "n");
+  n = lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  for (i = 1; i <= n; i++) {
+    mp_Context *ctx;
+    lua_rawgeti(L, list, i);                        /* ... ctx */
+    ctx = lua_touserdata(L, -1);
+    lua_pushnil(L);
+    lua_rawseti(L, list, i);
+    if (ctx != NULL && !ctx->closed && ctx->owner == getpid()) {
+      lua_rawseti(L, list, ++kept);                 /* kept, in order */
+      lua_rawgeti(L, list, kept);
+      lua_getiuservalue(L, -1, 1);
+      lua_getfield(L, -1, "processes");             /* ... ctx uv procs */
+      for (k = 0; k < ctx->started; k++)
+        if (ctx->workers[k].pid > 0 && !mp_reap(&ctx->workers[k])) {
+          lua_rawgeti(L, -1, k + 1);
+          lua_rawseti(L, out, (lua_Integer)lua_rawlen(L, out) + 1);
+        }
+      lua_pop(L, 3);
+    } else {
+      lua_pop(L, 1);
+    }
+  }
+  lua_pushinteger(L, kept);
+  lua_setfield(L, list, "n");
+  lua_settop(L, out);
+  return 1;
+}
+
+static int current_is_alive(lua_State *L) {
+  lua_pushboolean(L, 1);  /* whoever asks runs */
+  return 1;
+}
+
+/* current_process(): {pid, ident, name, rank, daemon, is_alive} of this
+** process, as Python's: in a worker its rank and the name of its Process
+** handle in the parent ("Process-<rank>"), else "MainProcess" and no
+** rank; exitcode is nil (it runs). */
+static int l_current_process(lua_State *L) {
+  int worker = lua_getfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY) == LUA_TTABLE;
+  lua_createtable(L, 0, 6);
+  lua_pushcfunction(L, current_is_alive);
+  lua_setfield(L, -2, "is_alive");
+  lua_pushinteger(L, getpid());
+  lua_pushvalue(L, -1);
+  lua_setfield(L, -3, "pid");
+  lua_setfield(L, -2, "ident");
+  if (worker) {
+    lua_getfield(L, -2, "rank");
+    lua_pushfstring(L, "Process-%d", (int)lua_tointeger(L, -1));
+    lua_setfield(L, -3, "name");
+    lua_setfield(L, -2, "rank");
+    lua_getfield(L, -2, "daemon");
+  } else {
+    lua_pushliteral(L, "MainProcess");
+    lua_setfield(L, -2, "name");
+    lua_pushboolean(L, 0);
+  }
+  lua_setfield(L, -2, "daemon");
   return 1;
 }
 
@@ -378,7 +494,9 @@ void mp_open_context(lua_State *L) {
     {"kill", process_kill}, {NULL, NULL}
   };
   static const luaL_Reg funcs[] = {
-    {"start_processes", l_start_processes}, {"spawn", l_spawn}, {NULL, NULL}
+    {"start_processes", l_start_processes}, {"spawn", l_spawn},
+    {"active_children", l_active_children},
+    {"current_process", l_current_process}, {NULL, NULL}
   };
   mp_new_class(L, MP_CONTEXT_T, ctx_meta, ctx_methods);
   lua_setfield(L, -2, "ProcessContext");

@@ -160,6 +160,11 @@ void mp_exception_new(lua_State *L, const char *tname, int fields);
 ** (exits at once if the parent is already gone), resets SIGINT/SIGTERM and
 ** unblocks every signal. */
 void mp_worker_detach(pid_t parent);
+/* What a worker knows of itself (mp.current_process): a registry table
+** {rank=, daemon=}; none in a process that is not a worker. */
+#define MP_WORKER_KEY "multiprocessing.worker"
+/* Before mp_worker_run: the worker's context is daemonic or not. */
+void mp_worker_daemon(lua_State *L, int daemon);
 /* Runs fn(rank, table.unpack(args)), reports, and never returns. */
 void mp_worker_run(lua_State *L, int fn, int args, int rank,
                    const mp_ReportTo *to)

@@ -6,11 +6,12 @@
 ** worker maps.
 **
 ** Layout: Header, then two codec messages:
-**   environment  {path, cpath, cwd, arg, environ, sharing} in
+**   environment  {path, cpath, cwd, arg, environ, sharing, daemon} in
 **                MP_CODEC_DATA: it is applied first, because decoding fn
 **                may require modules, which needs the parent's package.path
 **                and directory; 'sharing' is the sharing strategy, so the
-**                worker shares as a forked one would;
+**                worker shares as a forked one would; 'daemon' is the
+**                context's flag, for mp.current_process();
 **   main         fn, args in MP_CODEC_FUNCTIONS (bytecode, upvalues,
 **                module references), with the codec's descriptors.
 ** The memfd is private to the parent and its workers (it has no name) and
@@ -197,7 +198,8 @@ static int write_payload(int fd, const mp_Encoded *env, const mp_Encoded *m) {
   return 0;
 }
 
-/* Protected: fn at 1, args at 2, fn's name at 3 -> the holder. */
+/* Protected: fn at 1, args at 2, fn's name at 3, daemon at 4 -> the
+** holder. */
 static int build(lua_State *L) {
   static const char *const env_names[] = {"environment"};
   const char *names[2];
@@ -206,7 +208,7 @@ static int build(lua_State *L) {
   int err;
   names[0] = lua_tostring(L, 3);
   names[1] = "args";
-  h = lua_newuserdatauv(L, sizeof *h, 1);             /* fn args name h */
+  h = lua_newuserdatauv(L, sizeof *h, 1);             /* fn args name d h */
   h->p.fd = -1;
   h->p.fds = NULL;
   h->p.nfds = 0;
@@ -216,12 +218,14 @@ static int build(lua_State *L) {
   }
   lua_setmetatable(L, -2);
   mp_encode(L, 1, 2, MP_CODEC_FUNCTIONS | MP_CODEC_BROADCAST, names, TO, &m);
-                                                      /* fn args name h box */
+                                                      /* fn args name d h box */
   lua_pushvalue(L, -1);
-  lua_setiuservalue(L, 4, 1);  /* the box lends its descriptors: ... h box */
+  lua_setiuservalue(L, 5, 1);  /* the box lends its descriptors: ... h box */
   h->p.fds = m.fds;
   h->p.nfds = m.nfds;
   push_environment(L);                                /* ... h box env */
+  lua_pushvalue(L, 4);
+  lua_setfield(L, -2, "daemon");
   mp_encode(L, -1, 1, MP_CODEC_DATA, env_names, TO, &env);
                                                       /* ... h box env ebox */
   h->p.fd = memfd_create("lua-multiprocessing-payload",
@@ -232,7 +236,7 @@ static int build(lua_State *L) {
   if ((err = write_payload(h->p.fd, &env, &m)) != 0)
     return luaL_error(L, "cannot write the workers' payload: %s",
                       strerror(err));
-  lua_settop(L, 4);                                   /* fn args name h */
+  lua_settop(L, 5);                                   /* fn args name d h */
   return 1;
 }
 
@@ -246,7 +250,8 @@ mp_Payload *mp_payload_push(lua_State *L, mp_Context *ctx, int ctxidx,
   lua_pushvalue(L, fn);
   lua_pushvalue(L, args);
   push_fn_name(L, fn);                                /* build fn args name */
-  if (lua_pcall(L, 3, 1, 0) != LUA_OK) {              /* h, or msg */
+  lua_pushboolean(L, ctx->daemon);                    /* ... name daemon */
+  if (lua_pcall(L, 4, 1, 0) != LUA_OK) {              /* h, or msg */
     /* Nothing started: the error is the codec's own message, as is. */
     mp_context_close(L, ctx, 0);
     lua_error(L);
@@ -331,7 +336,9 @@ static void apply_environment(lua_State *L, int env) {
     lua_pop(L, 1);
   lua_getfield(L, env, "sharing");
   mp_set_sharing_strategy(L, (int)lua_tointeger(L, -1));
-  lua_pop(L, 1);
+  lua_getfield(L, env, "daemon");
+  mp_worker_daemon(L, lua_toboolean(L, -1));
+  lua_pop(L, 2);
 }
 
 /* Protected: the Load at 1 -> fn, args. */

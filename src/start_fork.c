@@ -48,6 +48,7 @@ static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
     if (pid == 0) {
       mp_ReportTo to;
       mp_worker_detach(parent);
+      mp_worker_daemon(L, ctx->daemon);
       if (gate[0] >= 0) {
         close(gate[1]);
         wait_at_gate(gate[0]);

@@ -249,11 +249,33 @@ static int run_worker(lua_State *L) {
   return 1;
 }
 
+/* Pushes this worker's identity table (MP_WORKER_KEY), a new one when
+** 'fresh' (a fork keeps its parent's, which may be a worker too). */
+static void push_identity(lua_State *L, int fresh) {
+  if (!fresh && lua_getfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY) == LUA_TTABLE)
+    return;
+  if (!fresh) lua_pop(L, 1);
+  lua_createtable(L, 0, 2);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY);
+}
+
+void mp_worker_daemon(lua_State *L, int daemon) {
+  push_identity(L, 1);
+  lua_pushboolean(L, daemon);
+  lua_setfield(L, -2, "daemon");
+  lua_pop(L, 1);
+}
+
 void mp_worker_run(lua_State *L, int fn, int args, int rank,
                    const mp_ReportTo *to) {
   int code = 1;
   fn = lua_absindex(L, fn);
   args = lua_absindex(L, args);
+  push_identity(L, 0);
+  lua_pushinteger(L, rank);
+  lua_setfield(L, -2, "rank");
+  lua_pop(L, 1);
   mp_sharing_worker(L, getppid());
   mp_ledger_open(L, to->fd, mp_reports_ledger_at(rank));
   /* Nothing may unwind past here: in a fork, what lies below is a copy
