@@ -438,6 +438,57 @@ describe("exceptions", function()
   end)
 end)
 
+-- Issue 8, defect 13: the context's, process's and exception's functions
+-- name themselves and count arguments as written.
+describe("method errors name the method", function()
+  H.leak_check(before_each, after_each)
+
+  it("ProcessContext and Process methods, called wrongly", function()
+    local ctx = mp.start_processes(function() end, {}, 1, false, false, "fork")
+    local p = ctx.processes[1]
+    local cases = {
+      { function() return ctx:join("x") end,
+        "bad argument #1 to 'ProcessContext.join' %(number of seconds expected, got string%)" },
+      { function() return ctx:close("x") end,
+        "bad argument #1 to 'ProcessContext.close' %(grace_period must be" },
+      { function() return ctx.join(p) end,
+        "calling 'ProcessContext.join' on bad self %(ProcessContext expected, got multiprocessing.Process%)" },
+      { function() return ctx.pids(1) end,
+        "calling 'ProcessContext.pids' on bad self %(ProcessContext expected, got number%)" },
+      { function() return ctx.results({}) end,
+        "calling 'ProcessContext.results' on bad self %(ProcessContext expected, got table%)" },
+      { function() return p.terminate(5) end,
+        "calling 'Process.terminate' on bad self %(Process expected, got number%)" },
+      { function() return p.kill(ctx) end,
+        "calling 'Process.kill' on bad self %(Process expected, got multiprocessing.ProcessContext%)" },
+      { function() return p.is_alive() end,
+        "calling 'Process.is_alive' on bad self %(Process expected, got no value%)" },
+    }
+    for _, case in ipairs(cases) do
+      local ok, err = pcall(case[1])
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(case[2]), err)
+      assert.falsy(tostring(err):find("'?'", 1, true), err)
+    end
+    assert.is_true(ctx:join())
+  end)
+
+  it("the module's functions name themselves", function()
+    local cases = {
+      { function() return mp.isinstance(1, 2) end,
+        "bad argument #2 to '[%w.]*isinstance' %(table expected, got number%)" },
+      { function() return mp.set_sharing_strategy({}) end,
+        "bad argument #1 to '[%w.]*set_sharing_strategy' %(string expected, got table%)" },
+      { function() return mp.spawn(f) end,
+        "bad argument #1 to '[%w.]*spawn' %(function expected, got nil%)" },
+    }
+    for _, case in ipairs(cases) do
+      local ok, err = pcall(case[1])
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(case[2]), err)
+    end
+  end)
+end)
 
 -- Issue 8, defect 12: a worker does not keep the signals its parent
 -- blocked.  Lua cannot block signals: a parent with SIGUSR1, SIGHUP and
