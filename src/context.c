@@ -154,30 +154,33 @@ static mp_Context *new_context(lua_State *L, const mp_StartMethod *method,
 
 /* Pushes the list of the contexts this state started (weak values). */
 static void push_contexts(lua_State *L) {
-  if (lua_getfield(L, LUA_REGISTRYINDEX, CONTEXTS_KEY) == LUA_TTABLE) return;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, CONTEXTS_KEY) == LUA_TTABLE)
+    return;                                         /* list */
   lua_pop(L, 1);
-  lua_newtable(L);
-  lua_createtable(L, 0, 1);
+  lua_newtable(L);                                  /* list */
+  lua_createtable(L, 0, 1);                         /* list mt */
   lua_pushliteral(L, "v");
   lua_setfield(L, -2, "__mode");
-  lua_setmetatable(L, -2);
+  lua_setmetatable(L, -2);                          /* list */
   lua_pushinteger(L, 0);
   lua_setfield(L, -2, "n");
-  lua_pushvalue(L, -1);
-  lua_setfield(L, LUA_REGISTRYINDEX, CONTEXTS_KEY);
+  lua_pushvalue(L, -1);                             /* list list */
+  lua_setfield(L, LUA_REGISTRYINDEX, CONTEXTS_KEY); /* list */
 }
 
 static void remember_context(lua_State *L, int ctxidx) {
+  int top = mp_stack_top(L);
   lua_Integer n;
-  push_contexts(L);                                 /* ... list */
-  lua_getfield(L, -1, "n");
+  push_contexts(L);                                 /* list */
+  lua_getfield(L, -1, "n");                         /* list n */
   n = lua_tointeger(L, -1) + 1;
-  lua_pop(L, 1);
-  lua_pushvalue(L, ctxidx);
-  lua_rawseti(L, -2, n);
+  lua_pop(L, 1);                                    /* list */
+  lua_pushvalue(L, ctxidx);                         /* list ctx */
+  lua_rawseti(L, -2, n);                            /* list */
   lua_pushinteger(L, n);
   lua_setfield(L, -2, "n");
   lua_pop(L, 1);
+  mp_stack_check(L, top, 0);
 }
 
 /* fn at 1, args at 2: starts the workers and joins them when asked. */
@@ -408,37 +411,37 @@ static int process_tostring(lua_State *L) {
 static int l_active_children(lua_State *L) {
   lua_Integer i, n, kept = 0;
   int list, out, k;
-  lua_newtable(L);
+  lua_newtable(L);                                  /* out */
   out = lua_gettop(L);
-  push_contexts(L);
+  push_contexts(L);                                 /* out list */
   list = lua_gettop(L);
   lua_getfield(L, list, "n");
   n = lua_tointeger(L, -1);
   lua_pop(L, 1);
   for (i = 1; i <= n; i++) {
     mp_Context *ctx;
-    lua_rawgeti(L, list, i);                        /* ... ctx */
+    lua_rawgeti(L, list, i);                        /* out list ctx */
     ctx = lua_touserdata(L, -1);
     lua_pushnil(L);
     lua_rawseti(L, list, i);
     if (ctx != NULL && !ctx->closed && ctx->owner == getpid()) {
-      lua_rawseti(L, list, ++kept);                 /* kept, in order */
+      lua_rawseti(L, list, ++kept);                 /* out list (kept) */
       lua_rawgeti(L, list, kept);
       lua_getiuservalue(L, -1, 1);
-      lua_getfield(L, -1, "processes");             /* ... ctx uv procs */
+      lua_getfield(L, -1, "processes");             /* out list ctx uv procs */
       for (k = 0; k < ctx->started; k++)
         if (ctx->workers[k].pid > 0 && !mp_reap(&ctx->workers[k])) {
-          lua_rawgeti(L, -1, k + 1);
+          lua_rawgeti(L, -1, k + 1);                /* ... procs p */
           lua_rawseti(L, out, (lua_Integer)lua_rawlen(L, out) + 1);
         }
-      lua_pop(L, 3);
+      lua_pop(L, 3);                                /* out list */
     } else {
-      lua_pop(L, 1);
+      lua_pop(L, 1);                                /* out list */
     }
   }
   lua_pushinteger(L, kept);
   lua_setfield(L, list, "n");
-  lua_settop(L, out);
+  lua_settop(L, out);                               /* out */
   return 1;
 }
 
@@ -453,25 +456,25 @@ static int current_is_alive(lua_State *L) {
 ** rank; exitcode is nil (it runs). */
 static int l_current_process(lua_State *L) {
   int worker = lua_getfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY) == LUA_TTABLE;
-  lua_createtable(L, 0, 6);
+  lua_createtable(L, 0, 6);                         /* id t */
   lua_pushcfunction(L, current_is_alive);
   lua_setfield(L, -2, "is_alive");
-  lua_pushinteger(L, getpid());
+  lua_pushinteger(L, getpid());                     /* id t pid */
   lua_pushvalue(L, -1);
   lua_setfield(L, -3, "pid");
-  lua_setfield(L, -2, "ident");
+  lua_setfield(L, -2, "ident");                     /* id t */
   if (worker) {
-    lua_getfield(L, -2, "rank");
+    lua_getfield(L, -2, "rank");                    /* id t rank */
     lua_pushfstring(L, "Process-%d", (int)lua_tointeger(L, -1));
     lua_setfield(L, -3, "name");
-    lua_setfield(L, -2, "rank");
-    lua_getfield(L, -2, "daemon");
+    lua_setfield(L, -2, "rank");                    /* id t */
+    lua_getfield(L, -2, "daemon");                  /* id t daemon */
   } else {
     lua_pushliteral(L, "MainProcess");
     lua_setfield(L, -2, "name");
-    lua_pushboolean(L, 0);
+    lua_pushboolean(L, 0);                          /* nil t false */
   }
-  lua_setfield(L, -2, "daemon");
+  lua_setfield(L, -2, "daemon");                    /* id t */
   return 1;
 }
 

@@ -131,12 +131,12 @@ static int put_report(lua_State *L) {
   int kind = (int)lua_tointeger(L, 4);
   const char *names[1];
   mp_Encoded enc;
-  int err;
+  int err, flags;
   names[0] = kind == MP_REPORT_RESULT ? "result" : "error report";
   /* an error value keeps what can cross, and describes the rest */
-  mp_encode(L, 1, 1, kind == MP_REPORT_RESULT ? MP_CODEC_DATA
-                                              : MP_CODEC_DATA | MP_CODEC_DESCRIBE,
-            names, "back to the parent", &enc);
+  flags = kind == MP_REPORT_RESULT ? MP_CODEC_DATA
+                                   : MP_CODEC_DATA | MP_CODEC_DESCRIBE;
+  mp_encode(L, 1, 1, flags, names, "back to the parent", &enc);
   err = mp_reports_put((const mp_ReportTo *)lua_touserdata(L, 3),
                        (int)lua_tointeger(L, 2), kind, enc.data, enc.size,
                        enc.fds, enc.nfds);
@@ -253,11 +253,11 @@ static int run_worker(lua_State *L) {
 ** 'fresh' (a fork keeps its parent's, which may be a worker too). */
 static void push_identity(lua_State *L, int fresh) {
   if (!fresh && lua_getfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY) == LUA_TTABLE)
-    return;
+    return;                                         /* id */
   if (!fresh) lua_pop(L, 1);
-  lua_createtable(L, 0, 2);
-  lua_pushvalue(L, -1);
-  lua_setfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY);
+  lua_createtable(L, 0, 2);                         /* id */
+  lua_pushvalue(L, -1);                             /* id id */
+  lua_setfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY);  /* id */
 }
 
 void mp_worker_daemon(lua_State *L, int daemon) {
