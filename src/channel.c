@@ -426,7 +426,7 @@ static int chan_write(Chan *c, const void *data, size_t n, const int *fds,
   Waiter x;
   uint64_t total = MSG_HDR + n;
   st = mp_mutex_lock(&g->wlock, w);
-  if (st == 1) st = MP_OK;
+  if (st == MP_OWNERDEAD) st = MP_OK;
   if (st != MP_OK) return st;
   if ((st = writer_recover(c, r, w)) != MP_OK) goto done;
   waiter_init(&x, c, r, W_SLOT, 0);
@@ -575,7 +575,7 @@ static int chan_read(Chan *c, Inbox *in, mp_Wait *w) {
   MsgHdr mh;
   Waiter x;
   st = mp_mutex_lock(&g->rlock, w);
-  if (st == 1) st = MP_OK;
+  if (st == MP_OWNERDEAD) st = MP_OK;
   if (st != MP_OK) return st;
   for (;;) {
     if (g->rpending &&

@@ -4,8 +4,8 @@
 **   shm.c      shared memory segments (memfd / shm_open), the sharing
 **              strategies, the file_system tracker process, fd passing
 **   ledger.c   the file_system references a worker holds, for its parent
-**   sync.c     waiting (futex, deadlines, interrupts), robust mutexes,
-**              peer slots (liveness), Lock/RLock/Semaphore/Event/Barrier/
+**   wait.c     waiting: deadlines, futex, Ctrl-C, statuses, robust mutexes
+**   sync.c     peer slots (liveness), Lock/RLock/Semaphore/Event/Barrier/
 **              Condition
 **   array.c    Array and Value
 **   channel.c  Queue, SimpleQueue, Pipe connections
@@ -102,38 +102,84 @@ void mp_ledger_note(lua_State *L, const char *name, int delta);
 void mp_ledger_settle(lua_State *L, int fd, off_t at);
 
 
-/* --- sync.c: waiting --- */
-#define MP_OK          0
-#define MP_TIMEOUT    (-1)
-#define MP_INTERRUPT  (-2)   /* a hook appeared (lua.c's SIGINT) */
-#define MP_PEERGONE   (-3)
-#define MP_SLICE      0.05   /* seconds between liveness/interrupt checks */
+/* --- wait.c: waiting for another process (see the comment there) --- */
+
+/* How every wait ends: MP_OK, one of these, or a positive errno. */
+typedef enum mp_Status {
+  MP_OK        =  0,
+  MP_TIMEOUT   = -1,   /* the deadline passed */
+  MP_INTERRUPT = -2,   /* Ctrl-C (a hook appeared); already taken back */
+  MP_PEERGONE  = -3,   /* every other user of a channel is gone */
+  MP_OWNERDEAD = -4,   /* a robust mutex is held now; its owner had died */
+  MP_BROKEN    = -5    /* a barrier is broken (reset, abort, timeout) */
+} mp_Status;
+
+/* A short message for a status ("timed out", strerror for an errno). */
+const char *mp_status_string(int st);
+/* Raises "what: <mp_status_string(st)>". */
+int mp_status_error(lua_State *L, const char *what, int st);
+
+#define MP_SLICE 0.05   /* seconds between checks for Ctrl-C and peers */
+#define MP_SPINS 2000   /* polls before the first futex sleep */
+
+typedef struct mp_Hooks {  /* a thread's hook as a wait found it */
+  lua_State *L;            /* NULL: not watched */
+  lua_Hook hook;
+  int mask, count;
+} mp_Hooks;
 
 typedef struct mp_Wait {
-  lua_State *L;
-  lua_Hook hook;           /* hook at the start: a new one means Ctrl-C */
-  int mask;
+  mp_Hooks self, main;     /* the running thread's and the main thread's */
   double deadline;         /* < 0: none */
   double started;
+  double lastcheck;        /* when mp_Waitable.check last ran */
+  int spins;               /* polls before sleeping (mp_wait_for) */
 } mp_Wait;
 
+/* Starts a wait of 'timeout' seconds (< 0: for ever).  L == NULL: Ctrl-C
+** is not watched (a Condition taking its lock back). */
 void   mp_wait_init(mp_Wait *w, lua_State *L, double timeout);
-/* Seconds to wait in the next slice (<= MP_SLICE); 0 when the deadline has
-** passed. */
+/* Seconds to sleep in the next slice (<= MP_SLICE); 0 once the deadline
+** has passed. */
 double mp_wait_slice(mp_Wait *w);
-int    mp_wait_interrupted(const mp_Wait *w);
-/* futex on a shared 32-bit word: 0 (woken or value differs), ETIMEDOUT,
-** EINTR. */
+/* 1 when Ctrl-C came since mp_wait_init.  It is taken: the hooks are put
+** back, so the caller must end its wait and raise MP_INTERRUPT. */
+int    mp_wait_interrupted(mp_Wait *w);
+
+/* What mp_wait_for waits on.  Whoever changes what 'ready' tests calls
+** mp_wake(word, waiters, n) after the change. */
+typedef struct mp_Waitable {
+  uint32_t *word;          /* shared futex word, bumped by mp_wake */
+  uint32_t *waiters;       /* shared count of sleepers, or NULL */
+  int (*ready)(void *arg); /* 1: done; may take what it waited for (a
+                              semaphore's unit), then returns 1 */
+  int (*check)(void *arg); /* or NULL: about every MP_SLICE while asleep;
+                              a status other than MP_OK ends the wait */
+  void *arg;
+} mp_Waitable;
+
+/* Polls ready() (w->spins times), then sleeps on the word until ready()
+** returns 1 (MP_OK), the deadline passes (MP_TIMEOUT; ready() was tested
+** after it), Ctrl-C (MP_INTERRUPT) or check() says otherwise.  ready() is
+** never skipped: a wait of 0 tests it once. */
+int    mp_wait_for(mp_Wait *w, const mp_Waitable *on);
+/* After changing shared state: bumps 'word' and wakes up to n sleepers
+** (INT_MAX: all) -- no system call when 'waiters' counts none. */
+void   mp_wake(uint32_t *word, uint32_t *waiters, int n);
+
+/* The raw futex: 0 (woken, or the value differs), ETIMEDOUT, EINTR. */
 int    mp_futex_wait(uint32_t *addr, uint32_t val, double secs);
 void   mp_futex_wake(uint32_t *addr, int n);
 
-/* robust, process-shared mutexes */
+/* Robust, process-shared mutexes (error-checking, or recursive). */
 int  mp_mutex_init(pthread_mutex_t *m, int recursive);
-/* Locks with the wait's deadline in slices.  Returns MP_OK, MP_TIMEOUT,
-** MP_INTERRUPT, or 1 when the previous owner died (the mutex was made
-** consistent and is now held). */
+/* Locks within the wait's deadline.  Returns MP_OK, MP_OWNERDEAD (held;
+** the previous owner died and the mutex was made consistent), MP_TIMEOUT,
+** MP_INTERRUPT, or an errno (EDEADLK: an error-checking one is already
+** held by this thread). */
 int  mp_mutex_lock(pthread_mutex_t *m, mp_Wait *w);
 
+/* --- sync.c: peer slots, and the synchronisation objects --- */
 /* peer slots: one robust mutex per attached process, held while attached;
 ** a dead process's slot reads as dead (EOWNERDEAD) instead of busy. */
 #define MP_NSLOTS 64

@@ -1,17 +1,10 @@
 /*
-** sync.c -- waiting, robust process-shared mutexes, peer slots, and the
-** synchronisation objects Lock, RLock, Semaphore, Event, Barrier, Condition.
+** sync.c -- peer slots, and the synchronisation objects Lock, RLock,
+** Semaphore, Event, Barrier, Condition.
 **
 ** Each object lives in a sealed memfd page and crosses to spawned workers as
-** that descriptor (forked workers simply inherit it).
-**
-** Waiting: every blocking wait sleeps in slices of at most MP_SLICE seconds
-** (futex or pthread_mutex_clocklock with an absolute CLOCK_MONOTONIC
-** deadline).  Signals only shorten a slice: the remaining time is recomputed
-** from the deadline, so EINTR storms change nothing.  Between slices the
-** wait checks whether the Lua hook changed since it started -- that is what
-** lua.c's SIGINT handler does -- and then gives up with an "interrupted"
-** error so that Ctrl-C works in the REPL.
+** that descriptor (forked workers simply inherit it).  Every blocking wait
+** is wait.c's: deadlines, EINTR and Ctrl-C are handled there.
 **
 ** Robust mutexes: a lock whose owner died is taken over by the next
 ** acquirer (EOWNERDEAD -> pthread_mutex_consistent); acquire returns true,
@@ -33,92 +26,6 @@
 #include "mp.h"
 #include "codec.h"
 #include "sharing.h"
-
-/* ------------------------------------------------------------------ */
-/* waiting                                                             */
-
-void mp_wait_init(mp_Wait *w, lua_State *L, double timeout) {
-  w->L = L;
-  w->hook = lua_gethook(L);
-  w->mask = lua_gethookmask(L);
-  w->started = mp_now();
-  w->deadline = timeout < 0 ? -1.0 : w->started + timeout;
-}
-
-double mp_wait_slice(mp_Wait *w) {
-  double left;
-  if (w->deadline < 0) return MP_SLICE;
-  left = w->deadline - mp_now();
-  if (left <= 0) return 0;
-  return left < MP_SLICE ? left : MP_SLICE;
-}
-
-int mp_wait_interrupted(const mp_Wait *w) {
-  return lua_gethook(w->L) != w->hook || lua_gethookmask(w->L) != w->mask;
-}
-
-static struct timespec reltime(double secs) {
-  struct timespec ts;
-  if (secs < 0) secs = 0;
-  ts.tv_sec = (time_t)secs;
-  ts.tv_nsec = (long)((secs - (double)ts.tv_sec) * 1e9);
-  if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-  return ts;
-}
-
-int mp_futex_wait(uint32_t *addr, uint32_t val, double secs) {
-  struct timespec ts = reltime(secs);
-  long r = syscall(SYS_futex, addr, FUTEX_WAIT, val, &ts, NULL, 0);
-  if (r == 0) return 0;
-  if (errno == EAGAIN) return 0;
-  return errno;
-}
-
-void mp_futex_wake(uint32_t *addr, int n) {
-  syscall(SYS_futex, addr, FUTEX_WAKE, n, NULL, NULL, 0);
-}
-
-/* ------------------------------------------------------------------ */
-/* robust mutexes                                                      */
-
-int mp_mutex_init(pthread_mutex_t *m, int recursive) {
-  pthread_mutexattr_t a;
-  int e;
-  if ((e = pthread_mutexattr_init(&a)) != 0) return e;
-  pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-  pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-  pthread_mutexattr_settype(&a, recursive ? PTHREAD_MUTEX_RECURSIVE
-                                          : PTHREAD_MUTEX_ERRORCHECK);
-  e = pthread_mutex_init(m, &a);
-  pthread_mutexattr_destroy(&a);
-  return e;
-}
-
-int mp_mutex_lock(pthread_mutex_t *m, mp_Wait *w) {
-  for (;;) {
-    double s = mp_wait_slice(w);
-    int e;
-    if (s <= 0) {
-      e = pthread_mutex_trylock(m);
-      if (e == EBUSY) return MP_TIMEOUT;
-    } else {
-      struct timespec now, abs;
-      clock_gettime(CLOCK_MONOTONIC, &now);
-      abs = reltime(s);
-      abs.tv_sec += now.tv_sec;
-      abs.tv_nsec += now.tv_nsec;
-      if (abs.tv_nsec >= 1000000000L) { abs.tv_sec++; abs.tv_nsec -= 1000000000L; }
-      e = pthread_mutex_clocklock(m, CLOCK_MONOTONIC, &abs);
-    }
-    if (e == 0) return MP_OK;
-    if (e == EOWNERDEAD) {
-      pthread_mutex_consistent(m);
-      return 1;
-    }
-    if (e != ETIMEDOUT && e != EINTR) return e;
-    if (mp_wait_interrupted(w)) return MP_INTERRUPT;
-  }
-}
 
 /* ------------------------------------------------------------------ */
 /* peer slots                                                          */
@@ -316,10 +223,10 @@ static int lock_acquire(lua_State *L) {
     return luaL_error(L, "%s.acquire: already held by this process "
                       "(use an RLock to acquire it again)",
                       kind_short[s->kind]);
-  if (r != MP_OK && r != 1) wait_error(L, r, "lock.acquire");
+  if (r != MP_OK && r != MP_OWNERDEAD) wait_error(L, r, "lock.acquire");
   if (s->holder != getpid()) { s->holder = getpid(); s->depth = 0; }
   s->depth++;
-  s->recovered = r == 1 || __atomic_exchange_n(&h->died, 0, __ATOMIC_ACQ_REL);
+  s->recovered = r == MP_OWNERDEAD || __atomic_exchange_n(&h->died, 0, __ATOMIC_ACQ_REL);
   lua_pushboolean(L, 1);
   if (s->recovered) {
     lua_pushliteral(L, "previous owner died");
@@ -563,10 +470,10 @@ static int cond_wait(lua_State *L) {
     if (mp_wait_interrupted(&w)) break;
   }
   __atomic_sub_fetch(&h->waiters, 1, __ATOMIC_ACQ_REL);
-  mp_wait_init(&relock, L, -1);       /* relocking is not interruptible */
+  mp_wait_init(&relock, NULL, -1);    /* relocking is not interruptible */
   do r = mp_mutex_lock(&h->m, &relock);
   while (r == MP_INTERRUPT);
-  if (r != MP_OK && r != 1) wait_error(L, r, "Condition.wait");
+  if (r != MP_OK && r != MP_OWNERDEAD) wait_error(L, r, "Condition.wait");
   s->holder = getpid();
   s->depth = 1;
   if (!notified && mp_wait_interrupted(&w))
