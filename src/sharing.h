@@ -7,6 +7,7 @@
 **   wait.c     waiting: deadlines, futex, Ctrl-C, statuses, robust mutexes
 **   sync.c     peer slots (liveness), Lock/RLock/Semaphore/Event/Barrier/
 **              Condition
+**   nested.c   a Lua value inside a userdata's encoding
 **   array.c    Array and Value
 **   channel.c  Queue, SimpleQueue, Pipe connections
 */
@@ -205,6 +206,17 @@ void mp_peers_detach(mp_Peers *p, int slot);
 ** ever attached, -1 when all others are gone. */
 int  mp_peers_alive(mp_Peers *p, int self, int notend);
 
+/* --- sync.c: the lock of a synchronised Value or Array --- */
+/* 1 when the value at idx is an open Lock or RLock. */
+int  mp_islock(lua_State *L, int idx);
+void mp_new_rlock(lua_State *L);            /* pushes a new RLock */
+/* Takes the Lock or RLock at idx for one access: blocks, raises (named
+** 'what') on Ctrl-C or when the lock is closed.  Returns 1, or 0 when this
+** thread holds that Lock already: then nothing is to be given back.  Only
+** mp_lock_leave may come between: nothing that raises. */
+int  mp_lock_enter(lua_State *L, int idx, const char *what);
+void mp_lock_leave(lua_State *L, int idx);
+
 /* --- codec types: attaching inherited objects in a forked child --- */
 /* Walks the value at idx (tables and upvalues of functions) and attaches
 ** every queue and connection found to this process, so that a worker that
@@ -212,6 +224,14 @@ int  mp_peers_alive(mp_Peers *p, int self, int notend);
 ** worker calls it on fn and args before running fn. */
 void mp_sharing_attach(lua_State *L, int idx);
 int  mp_channel_attach_value(lua_State *L, int idx);  /* 1 when handled */
+
+/* nested.c: a value inside a userdata's encoding (a Barrier's action, the
+** lock of a Value).  mp_write_value pops the value at the top and writes
+** it ('what' names it in errors); mp_read_value pushes it back. */
+struct mp_Writer;
+struct mp_Reader;
+void mp_write_value(lua_State *L, struct mp_Writer *w, const char *what);
+void mp_read_value(lua_State *L, struct mp_Reader *r);
 
 /* registration */
 void mp_open_shm(lua_State *L);

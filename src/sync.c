@@ -1,26 +1,36 @@
 /*
 ** sync.c -- peer slots, and the synchronisation objects Lock, RLock,
-** Semaphore, Event, Barrier, Condition.
+** Semaphore, BoundedSemaphore, Event, Barrier, Condition, and the guards
+** of scoped locking.
 **
 ** Each object lives in a sealed memfd page and crosses to spawned workers as
-** that descriptor (forked workers simply inherit it).  Every blocking wait
-** is wait.c's: deadlines, EINTR and Ctrl-C are handled there.
+** that descriptor (forked workers simply inherit it); a Barrier's action
+** crosses beside it (nested.c).  Every blocking wait is wait.c's:
+** deadlines, EINTR and Ctrl-C are handled there, and each ends with an
+** mp_Status.
 **
-** Robust mutexes: a lock whose owner died is taken over by the next
+** Locks are owned, unlike Python's: only the process that acquired a Lock
+** may release it, and a lock whose owner died is taken over by the next
 ** acquirer (EOWNERDEAD -> pthread_mutex_consistent); acquire returns true,
 ** "previous owner died" and lock.recovered is true until the next acquire.
 ** glibc registers robust mutexes on the calling thread's robust list, using
 ** its cached thread id: processes created with a raw clone3 must have that
 ** fixed by their creator (forkserver.c does).
+**
+** Condition and Barrier keep their state in the page under the object's
+** own robust mutex and sleep on its 'seq' word with the mutex released:
+**   Condition: 'sleeping' waiters not yet notified, 'tickets' notifications
+**     not yet taken.  notify(n) moves min(n, sleeping) from one to the
+**     other and wakes that many; a waiter returns true only by taking a
+**     ticket, so notify(n) wakes exactly n (or all there are).
+**   Barrier: Python's threading.Barrier -- 'count' parties inside wait and
+**     a 'state' (filling, draining, resetting, broken); the party that
+**     fills it runs the action, then lets the others drain.
 */
 #include <errno.h>
 #include <limits.h>
-#include <linux/futex.h>
-#include <math.h>
 #include <pthread.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "mp.h"
@@ -98,31 +108,47 @@ int mp_peers_alive(mp_Peers *p, int self, int notend) {
 /* the synchronisation objects                                         */
 
 #define SYNC_MAGIC 0x6d707379u   /* "mpsy" */
-enum { K_LOCK, K_RLOCK, K_SEM, K_EVENT, K_BARRIER, K_COND, K_NKINDS };
+enum { K_LOCK, K_RLOCK, K_SEM, K_BSEM, K_EVENT, K_BARRIER, K_COND,
+       K_NKINDS };
 
 static const char *const kind_tname[K_NKINDS] = {
   "multiprocessing.Lock", "multiprocessing.RLock",
-  "multiprocessing.Semaphore", "multiprocessing.Event",
-  "multiprocessing.Barrier", "multiprocessing.Condition"
+  "multiprocessing.Semaphore", "multiprocessing.BoundedSemaphore",
+  "multiprocessing.Event", "multiprocessing.Barrier",
+  "multiprocessing.Condition"
 };
 static const char *const kind_short[K_NKINDS] = {
-  "Lock", "RLock", "Semaphore", "Event", "Barrier", "Condition"
+  "Lock", "RLock", "Semaphore", "BoundedSemaphore", "Event", "Barrier",
+  "Condition"
 };
+
+#define GUARD_T "multiprocessing.Guard"
+
+/* Barrier states, as Python's */
+enum { B_FILLING = 0, B_DRAINING = 1, B_RESETTING = -1, B_BROKEN = -2 };
 
 typedef struct SyncHdr {
   uint32_t magic;
   uint32_t kind;
-  pthread_mutex_t m;     /* Lock, RLock */
-  uint32_t value;        /* Semaphore count, Event flag, Barrier arrivals */
-  uint32_t seq;          /* futex: Barrier generation, Condition notify */
-  uint32_t waiters;
-  uint32_t parties;      /* Barrier */
-  uint32_t broken;       /* Barrier */
+  pthread_mutex_t m;     /* Lock, RLock, Condition; guards Barrier state */
+  uint32_t value;        /* Semaphore count, Event flag */
+  uint32_t limit;        /* BoundedSemaphore: the initial count */
+  uint32_t seq;          /* futex word: bumped by every change (mp_wake) */
+  uint32_t waiters;      /* sleepers on seq */
   uint32_t died;         /* Lock: owner death seen by a probe, not yet told */
+  uint32_t sleeping;     /* Condition, under m: waiters not yet notified */
+  uint32_t tickets;      /* Condition, under m: notifications not taken */
+  uint32_t parties;      /* Barrier */
+  uint32_t count;        /* Barrier, under m: parties inside wait */
+  int32_t state;         /* Barrier, under m: B_* */
+  double timeout;        /* Barrier: default for wait, < 0 none */
 } SyncHdr;
 
+/* Uservalues: 1 the mapping (mp_Map, shared by the objects of a process
+** on the same page, so a lock received again costs no descriptor and no
+** mmap), 2 a Barrier's action. */
 typedef struct Sync {
-  mp_Seg seg;
+  mp_Map *map;           /* NULL once closed */
   int kind;
   int recovered;         /* Lock/RLock: the last acquire took over */
   pid_t holder;          /* this process holds the mutex ... */
@@ -131,42 +157,57 @@ typedef struct Sync {
 
 #define SYNC_SIZE 4096
 
-static SyncHdr *hdr_of(Sync *s) { return (SyncHdr *)(void *)s->seg.base; }
+static SyncHdr *hdr_of(Sync *s) { return (SyncHdr *)(void *)s->map->seg.base; }
+
+static int islocklike(int kind) {
+  return kind == K_LOCK || kind == K_RLOCK || kind == K_COND;
+}
+
+/* The synchronisation object at idx, of one of the kinds in 'mask' (bits
+** 1 << K_*); 'expected' names them in the error. */
+static Sync *checksync(lua_State *L, int idx, unsigned mask,
+                       const char *expected) {
+  Sync *s = NULL;
+  int k;
+  for (k = 0; k < K_NKINDS && s == NULL; k++)
+    if (mask & (1u << k)) s = (Sync *)luaL_testudata(L, idx, kind_tname[k]);
+  if (s == NULL) mp_typeerror(L, idx, expected);
+  if (!s->map)
+    luaL_error(L, "attempt to use a closed %s", kind_short[s->kind]);
+  return s;
+}
 
 static Sync *tosync(lua_State *L, int idx, int kind) {
-  Sync *s = (Sync *)luaL_checkudata(L, idx, kind_tname[kind]);
-  if (!s->seg.base)
-    luaL_error(L, "attempt to use a closed %s", kind_short[kind]);
-  return s;
+  return checksync(L, idx, 1u << kind, kind_short[kind]);
 }
 
-/* Lock, RLock and Condition all answer to the lock methods. */
-static Sync *tolocklike(lua_State *L, int idx) {
-  Sync *s = (Sync *)luaL_testudata(L, idx, kind_tname[K_LOCK]);
-  if (!s) s = (Sync *)luaL_testudata(L, idx, kind_tname[K_RLOCK]);
-  if (!s) s = (Sync *)luaL_testudata(L, idx, kind_tname[K_COND]);
-  if (!s) luaL_typeerror(L, idx, "Lock, RLock or Condition");
-  if (!s->seg.base) luaL_error(L, "attempt to use a closed lock");
-  return s;
-}
+#define LOCKLIKE ((1u << K_LOCK) | (1u << K_RLOCK) | (1u << K_COND))
+#define SEMLIKE  ((1u << K_SEM) | (1u << K_BSEM))
 
+/* Pushes a new object of 'kind' on the mapping at the top (popped). */
 static Sync *newsync(lua_State *L, int kind) {
-  Sync *s = (Sync *)lua_newuserdatauv(L, sizeof(Sync), 1);
+  mp_Map *m = (mp_Map *)lua_touserdata(L, -1);
+  Sync *s = (Sync *)lua_newuserdatauv(L, sizeof(Sync), 2);   /* map s */
   memset(s, 0, sizeof *s);
-  s->seg.fd = -1;
   s->kind = kind;
   luaL_setmetatable(L, kind_tname[kind]);
+  lua_insert(L, -2);                                         /* s map */
+  lua_setiuservalue(L, -2, 1);                               /* s */
+  mp_map_use(m);
+  s->map = m;
   return s;
 }
 
 static Sync *createsync(lua_State *L, int kind) {
-  Sync *s = newsync(L, kind);
+  Sync *s;
   SyncHdr *h;
   int e;
-  mp_seg_create(L, &s->seg, SYNC_SIZE, MP_SEG_FD);
+  mp_map_create(L, SYNC_SIZE, MP_SEG_FD);                    /* map */
+  s = newsync(L, kind);                                      /* s */
   h = hdr_of(s);
   h->magic = SYNC_MAGIC;
   h->kind = (uint32_t)kind;
+  h->timeout = -1;
   if ((e = mp_mutex_init(&h->m, kind == K_RLOCK)) != 0) {
     mp_push_errno(L, "pthread_mutex_init", e);
     lua_error(L);
@@ -175,7 +216,7 @@ static Sync *createsync(lua_State *L, int kind) {
 }
 
 static void sync_release_all(Sync *s) {
-  if (s->seg.base && s->depth > 0 && s->holder == getpid())
+  if (s->map && s->depth > 0 && s->holder == getpid())
     while (s->depth-- > 0) pthread_mutex_unlock(&hdr_of(s)->m);
   s->depth = 0;
 }
@@ -184,74 +225,140 @@ static int sync_gc(lua_State *L) {
   Sync *s = (Sync *)lua_touserdata(L, 1);
   /* an unmapped robust mutex must not stay on this thread's robust list */
   sync_release_all(s);
-  mp_seg_close(&s->seg);
+  if (s->map) {
+    mp_map_release(s->map);
+    s->map = NULL;
+  }
   return 0;
 }
 
 static int sync_tostring(lua_State *L) {
   Sync *s = (Sync *)lua_touserdata(L, 1);
-  if (!s->seg.base)
+  if (!s->map)
     lua_pushfstring(L, "multiprocessing.%s (closed)", kind_short[s->kind]);
   else
     lua_pushfstring(L, "multiprocessing.%s (%p)", kind_short[s->kind],
-                    (void *)s->seg.base);
+                    (void *)s->map->seg.base);
   return 1;
 }
 
-static void wait_error(lua_State *L, int r, const char *what) {
-  if (r == MP_INTERRUPT) luaL_error(L, "%s: interrupted", what);
-  mp_push_errno(L, what, r);
-  lua_error(L);
+/* "Type.method" of the running method, for messages. */
+static const char *method_name(lua_State *L) {
+  const char *name = lua_tostring(L, lua_upvalueindex(1));
+  return name ? name : "?";
 }
 
-/* lock:acquire([timeout]) -> true [, "previous owner died"] | false
-** A timeout of 0 (or false) does not block. */
-static int lock_acquire(lua_State *L) {
-  Sync *s = tolocklike(L, 1);
+/* The timeout of acquire([blocking [, timeout]] | [timeout]) at arg:
+** true or none blocks (for the timeout when one follows), false does not. */
+static double acquire_timeout(lua_State *L, int arg) {
+  if (lua_isboolean(L, arg))
+    return lua_toboolean(L, arg) ? mp_opttimeout(L, arg + 1) : 0;
+  return mp_opttimeout(L, arg);
+}
+
+/* ------------------------------------------------------------------ */
+/* the two ways of acquiring: a mutex (Lock, RLock, Condition) and a    */
+/* count (Semaphore, BoundedSemaphore)                                  */
+
+static int never(void *arg) { (void)arg; return 0; }
+
+static int sem_ready(void *arg) {
+  SyncHdr *h = (SyncHdr *)arg;
+  uint32_t v = __atomic_load_n(&h->value, __ATOMIC_ACQUIRE);
+  while (v > 0)
+    if (__atomic_compare_exchange_n(&h->value, &v, v - 1, 0,
+                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+      return 1;
+  return 0;
+}
+
+/* Acquires s within 't' seconds (< 0: for ever).  Returns MP_OK,
+** MP_OWNERDEAD (acquired; its owner had died) or MP_TIMEOUT; raises on
+** Ctrl-C and errors.  A lock this process holds already cannot be had
+** within a timeout (nobody else may release it): that times out; without
+** one it would never return, so that raises. */
+static int sync_acquire(lua_State *L, Sync *s, double t) {
   SyncHdr *h = hdr_of(s);
   mp_Wait w;
-  int r;
-  double t = lua_isboolean(L, 2) ? (lua_toboolean(L, 2) ? -1 : 0)
-                                 : mp_opttimeout(L, 2);
+  int st;
   mp_wait_init(&w, L, t);
-  r = mp_mutex_lock(&h->m, &w);
-  if (r == MP_TIMEOUT) {
-    lua_pushboolean(L, 0);
-    return 1;
+  if (!islocklike(s->kind)) {
+    mp_Waitable on = {&h->seq, &h->waiters, sem_ready, NULL, h};
+    st = mp_wait_for(&w, &on);
+  } else {
+    st = mp_mutex_lock(&h->m, &w);
+    if (st == EDEADLK) {
+      mp_Waitable on = {&h->seq, &h->waiters, never, NULL, NULL};
+      if (t < 0)
+        luaL_error(L, "%s: already held by this process (use an RLock to "
+                   "acquire it again)", method_name(L));
+      st = mp_wait_for(&w, &on);
+    }
+    if (st == MP_OK || st == MP_OWNERDEAD) {
+      if (s->holder != getpid()) { s->holder = getpid(); s->depth = 0; }
+      s->depth++;
+      s->recovered = st == MP_OWNERDEAD ||
+                     __atomic_exchange_n(&h->died, 0, __ATOMIC_ACQ_REL);
+      if (s->recovered) st = MP_OWNERDEAD;
+    }
   }
-  if (r == EDEADLK)
-    return luaL_error(L, "%s.acquire: already held by this process "
-                      "(use an RLock to acquire it again)",
-                      kind_short[s->kind]);
-  if (r != MP_OK && r != MP_OWNERDEAD) wait_error(L, r, "lock.acquire");
-  if (s->holder != getpid()) { s->holder = getpid(); s->depth = 0; }
-  s->depth++;
-  s->recovered = r == MP_OWNERDEAD || __atomic_exchange_n(&h->died, 0, __ATOMIC_ACQ_REL);
-  lua_pushboolean(L, 1);
-  if (s->recovered) {
-    lua_pushliteral(L, "previous owner died");
-    return 2;
-  }
-  return 1;
+  if (st != MP_OK && st != MP_OWNERDEAD && st != MP_TIMEOUT)
+    mp_status_error(L, method_name(L), st);
+  return st;
 }
 
-static int lock_release(lua_State *L) {
-  Sync *s = tolocklike(L, 1);
-  int e = pthread_mutex_unlock(&hdr_of(s)->m);
-  if (e == EPERM)
-    return luaL_error(L, "%s.release: not held by this process",
-                      kind_short[s->kind]);
-  if (e != 0) {
-    mp_push_errno(L, "lock.release", e);
-    return lua_error(L);
+/* Gives back one acquisition of s (n units of a semaphore); raises, named
+** 'what', when it cannot. */
+static void sync_release(lua_State *L, Sync *s, lua_Integer n,
+                         const char *what) {
+  SyncHdr *h = hdr_of(s);
+  if (islocklike(s->kind)) {
+    int e = pthread_mutex_unlock(&h->m);
+    if (e == EPERM)
+      luaL_error(L, "%s: not held by this process", what);
+    if (e != 0) mp_status_error(L, what, e);
+    if (s->holder == getpid() && s->depth > 0) s->depth--;
+  } else {
+    uint32_t v = __atomic_load_n(&h->value, __ATOMIC_ACQUIRE), nv;
+    do {
+      nv = v + (uint32_t)n;
+      if (nv < v || (s->kind == K_BSEM && nv > h->limit))
+        luaL_error(L, "%s: released too many times (above its initial "
+                   "value %d)", what, (int)h->limit);
+    } while (!__atomic_compare_exchange_n(&h->value, &v, nv, 0,
+                                          __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    mp_wake(&h->seq, &h->waiters, (int)n);
   }
-  if (s->holder == getpid() && s->depth > 0) s->depth--;
+}
+
+/* lock:acquire([blocking [, timeout]] | [timeout]) -> true [, "previous
+** owner died"] | false.  The same for a Semaphore (true or false). */
+static int m_acquire(lua_State *L) {
+  Sync *s = checksync(L, 1, LOCKLIKE | SEMLIKE,
+                      "Lock, RLock, Condition or Semaphore");
+  int st = sync_acquire(L, s, acquire_timeout(L, 2));
+  lua_pushboolean(L, st != MP_TIMEOUT);
+  if (st != MP_OWNERDEAD) return 1;
+  lua_pushstring(L, mp_status_string(st));
+  return 2;
+}
+
+/* lock:release(); semaphore:release([n]) */
+static int m_release(lua_State *L) {
+  Sync *s = checksync(L, 1, LOCKLIKE | SEMLIKE,
+                      "Lock, RLock, Condition or Semaphore");
+  lua_Integer n = 1;
+  if (!islocklike(s->kind)) {
+    n = mp_optinteger(L, 2, 1);
+    if (n < 1 || n > INT_MAX) mp_argerror(L, 2, "must be a positive count");
+  }
+  sync_release(L, s, n, method_name(L));
   return 0;
 }
 
 /* lock:locked() -> boolean: held by some process */
 static int lock_locked(lua_State *L) {
-  Sync *s = tolocklike(L, 1);
+  Sync *s = checksync(L, 1, LOCKLIKE, "Lock, RLock or Condition");
   SyncHdr *h = hdr_of(s);
   int e;
   if (s->holder == getpid() && s->depth > 0) {
@@ -272,61 +379,68 @@ static int lock_locked(lua_State *L) {
   return 1;
 }
 
-/* --- Semaphore --- */
-static int sem_acquire(lua_State *L) {
-  Sync *s = tosync(L, 1, K_SEM);
-  SyncHdr *h = hdr_of(s);
-  mp_Wait w;
-  double t = lua_isboolean(L, 2) ? (lua_toboolean(L, 2) ? -1 : 0)
-                                 : mp_opttimeout(L, 2);
-  mp_wait_init(&w, L, t);
-  for (;;) {
-    uint32_t v = __atomic_load_n(&h->value, __ATOMIC_ACQUIRE);
-    double sl;
-    int e;
-    if (v > 0) {
-      if (__atomic_compare_exchange_n(&h->value, &v, v - 1, 0,
-                                      __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
-        lua_pushboolean(L, 1);
-        return 1;
-      }
-      continue;
-    }
-    if ((sl = mp_wait_slice(&w)) <= 0) {
-      lua_pushboolean(L, 0);
-      return 1;
-    }
-    __atomic_add_fetch(&h->waiters, 1, __ATOMIC_ACQ_REL);
-    e = mp_futex_wait(&h->value, 0, sl);
-    __atomic_sub_fetch(&h->waiters, 1, __ATOMIC_ACQ_REL);
-    (void)e;
-    if (mp_wait_interrupted(&w)) wait_error(L, MP_INTERRUPT, "Semaphore.acquire");
-  }
-}
-
-static int sem_release(lua_State *L) {
-  Sync *s = tosync(L, 1, K_SEM);
-  SyncHdr *h = hdr_of(s);
-  lua_Integer n = luaL_optinteger(L, 2, 1);
-  luaL_argcheck(L, n >= 1 && n <= INT_MAX, 2, "must be a positive count");
-  __atomic_add_fetch(&h->value, (uint32_t)n, __ATOMIC_ACQ_REL);
-  if (__atomic_load_n(&h->waiters, __ATOMIC_ACQUIRE))
-    mp_futex_wake(&h->value, (int)n);
-  return 0;
-}
-
 static int sem_get_value(lua_State *L) {
-  Sync *s = tosync(L, 1, K_SEM);
+  Sync *s = checksync(L, 1, SEMLIKE, "Semaphore");
   lua_pushinteger(L, __atomic_load_n(&hdr_of(s)->value, __ATOMIC_ACQUIRE));
   return 1;
 }
 
-/* --- Event --- */
+/* ------------------------------------------------------------------ */
+/* guards: local g <close> = lock:guard([timeout])                     */
+
+typedef struct Guard { int held; } Guard;
+
+/* x:guard([timeout]) -> guard | nil, "timeout".  The guard holds one
+** acquisition of x (its uservalue) and gives it back when it is closed:
+** at the end of its <close> scope, by g:release(), or when collected. */
+static int m_guard(lua_State *L) {
+  Sync *s = checksync(L, 1, LOCKLIKE | SEMLIKE,
+                      "Lock, RLock, Condition or Semaphore");
+  Guard *g;
+  if (sync_acquire(L, s, mp_opttimeout(L, 2)) == MP_TIMEOUT) {
+    lua_pushnil(L);
+    lua_pushstring(L, "timeout");
+    return 2;
+  }
+  g = (Guard *)lua_newuserdatauv(L, sizeof(Guard), 1);    /* s g */
+  g->held = 1;
+  lua_pushvalue(L, 1);
+  lua_setiuservalue(L, -2, 1);
+  luaL_setmetatable(L, GUARD_T);
+  return 1;
+}
+
+static int guard_release(lua_State *L) {
+  Guard *g = (Guard *)luaL_checkudata(L, 1, GUARD_T);
+  if (g->held) {
+    Sync *s;
+    g->held = 0;
+    lua_getiuservalue(L, 1, 1);                             /* g s */
+    s = (Sync *)lua_touserdata(L, -1);
+    if (s->map) sync_release(L, s, 1, "Guard.release");
+  }
+  return 0;
+}
+
+static int guard_tostring(lua_State *L) {
+  Guard *g = (Guard *)lua_touserdata(L, 1);
+  lua_getiuservalue(L, 1, 1);
+  lua_pushfstring(L, "multiprocessing.Guard of %s%s", luaL_tolstring(L, -1,
+                  NULL), g->held ? "" : " (released)");
+  return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Event                                                               */
+
+static int ev_ready(void *arg) {
+  return __atomic_load_n(&((SyncHdr *)arg)->value, __ATOMIC_ACQUIRE) != 0;
+}
+
 static int ev_set(lua_State *L) {
   SyncHdr *h = hdr_of(tosync(L, 1, K_EVENT));
   __atomic_store_n(&h->value, 1, __ATOMIC_RELEASE);
-  if (__atomic_load_n(&h->waiters, __ATOMIC_ACQUIRE))
-    mp_futex_wake(&h->value, INT_MAX);
+  mp_wake(&h->seq, &h->waiters, INT_MAX);
   return 0;
 }
 
@@ -337,164 +451,143 @@ static int ev_clear(lua_State *L) {
 }
 
 static int ev_is_set(lua_State *L) {
-  SyncHdr *h = hdr_of(tosync(L, 1, K_EVENT));
-  lua_pushboolean(L, __atomic_load_n(&h->value, __ATOMIC_ACQUIRE) != 0);
+  lua_pushboolean(L, ev_ready(hdr_of(tosync(L, 1, K_EVENT))));
   return 1;
 }
 
 /* event:wait([timeout]) -> true when set, false on timeout */
 static int ev_wait(lua_State *L) {
   SyncHdr *h = hdr_of(tosync(L, 1, K_EVENT));
+  mp_Waitable on = {&h->seq, &h->waiters, ev_ready, NULL, h};
   mp_Wait w;
+  int st;
   mp_wait_init(&w, L, mp_opttimeout(L, 2));
-  for (;;) {
-    double sl;
-    if (__atomic_load_n(&h->value, __ATOMIC_ACQUIRE)) {
-      lua_pushboolean(L, 1);
-      return 1;
-    }
-    if ((sl = mp_wait_slice(&w)) <= 0) {
-      lua_pushboolean(L, 0);
-      return 1;
-    }
-    __atomic_add_fetch(&h->waiters, 1, __ATOMIC_ACQ_REL);
-    mp_futex_wait(&h->value, 0, sl);
-    __atomic_sub_fetch(&h->waiters, 1, __ATOMIC_ACQ_REL);
-    if (mp_wait_interrupted(&w)) wait_error(L, MP_INTERRUPT, "Event.wait");
-  }
-}
-
-/* --- Barrier --- */
-static void barrier_break(SyncHdr *h) {
-  __atomic_store_n(&h->broken, 1, __ATOMIC_RELEASE);
-  __atomic_add_fetch(&h->seq, 1, __ATOMIC_ACQ_REL);
-  mp_futex_wake(&h->seq, INT_MAX);
-}
-
-/* barrier:wait([timeout]) -> arrival index 0..parties-1; raises when the
-** barrier is broken (a timeout breaks it, as in Python). */
-static int bar_wait(lua_State *L) {
-  SyncHdr *h = hdr_of(tosync(L, 1, K_BARRIER));
-  mp_Wait w;
-  uint32_t gen, idx;
-  mp_wait_init(&w, L, mp_opttimeout(L, 2));
-  if (__atomic_load_n(&h->broken, __ATOMIC_ACQUIRE))
-    return luaL_error(L, "Barrier.wait: the barrier is broken");
-  gen = __atomic_load_n(&h->seq, __ATOMIC_ACQUIRE);
-  idx = __atomic_add_fetch(&h->value, 1, __ATOMIC_ACQ_REL) - 1;
-  if (idx + 1 >= h->parties) {
-    __atomic_store_n(&h->value, 0, __ATOMIC_RELEASE);
-    __atomic_add_fetch(&h->seq, 1, __ATOMIC_ACQ_REL);
-    mp_futex_wake(&h->seq, INT_MAX);
-    lua_pushinteger(L, idx);
-    return 1;
-  }
-  for (;;) {
-    double sl;
-    if (__atomic_load_n(&h->seq, __ATOMIC_ACQUIRE) != gen) break;
-    if ((sl = mp_wait_slice(&w)) <= 0) {
-      barrier_break(h);
-      return luaL_error(L, "Barrier.wait: timed out (the barrier is now "
-                        "broken)");
-    }
-    mp_futex_wait(&h->seq, gen, sl);
-    if (mp_wait_interrupted(&w)) {
-      barrier_break(h);
-      wait_error(L, MP_INTERRUPT, "Barrier.wait");
-    }
-  }
-  if (__atomic_load_n(&h->broken, __ATOMIC_ACQUIRE))
-    return luaL_error(L, "Barrier.wait: the barrier is broken");
-  lua_pushinteger(L, idx);
+  st = mp_wait_for(&w, &on);
+  if (st != MP_OK && st != MP_TIMEOUT) mp_status_error(L, "Event.wait", st);
+  lua_pushboolean(L, st == MP_OK);
   return 1;
 }
 
-static int bar_abort(lua_State *L) {
-  barrier_break(hdr_of(tosync(L, 1, K_BARRIER)));
-  return 0;
+/* ------------------------------------------------------------------ */
+/* sleeping with the mutex released (Condition, Barrier)              */
+
+typedef struct Unlocked {
+  SyncHdr *h;
+  uint32_t seq;          /* seq when the mutex was released */
+} Unlocked;
+
+static int seq_moved(void *arg) {
+  Unlocked *u = (Unlocked *)arg;
+  return __atomic_load_n(&u->h->seq, __ATOMIC_ACQUIRE) != u->seq;
 }
 
-static int bar_reset(lua_State *L) {
-  SyncHdr *h = hdr_of(tosync(L, 1, K_BARRIER));
-  barrier_break(h);
-  __atomic_store_n(&h->value, 0, __ATOMIC_RELEASE);
-  __atomic_store_n(&h->broken, 0, __ATOMIC_RELEASE);
-  return 0;
+static int has_ticket(void *arg) {
+  Unlocked *u = (Unlocked *)arg;
+  return __atomic_load_n(&u->h->tickets, __ATOMIC_ACQUIRE) != 0;
 }
 
-static int bar_index(lua_State *L) {
-  SyncHdr *h = hdr_of(tosync(L, 1, K_BARRIER));
-  const char *k = lua_tostring(L, 2);
-  if (k && strcmp(k, "parties") == 0)
-    lua_pushinteger(L, h->parties);
-  else if (k && strcmp(k, "n_waiting") == 0)
-    lua_pushinteger(L, __atomic_load_n(&h->value, __ATOMIC_ACQUIRE));
-  else if (k && strcmp(k, "broken") == 0)
-    lua_pushboolean(L, __atomic_load_n(&h->broken, __ATOMIC_ACQUIRE) != 0);
-  else {
-    mp_push_method(L);
+/* Called holding h->m: releases it, waits (until ready(u) with u->seq the
+** seq of now, the deadline, or Ctrl-C), and takes it back whatever
+** happened -- not interruptibly, as Python's Condition.wait.  Returns
+** mp_wait_for's status; MP_OWNERDEAD from the relock is MP_OK's caller's
+** business: *died is set. */
+static int sleep_unlocked(SyncHdr *h, mp_Wait *w, int (*ready)(void *),
+                          int *died) {
+  Unlocked u;
+  mp_Waitable on;
+  mp_Wait relock;
+  int st, r;
+  u.h = h;
+  u.seq = __atomic_load_n(&h->seq, __ATOMIC_ACQUIRE);
+  on.word = &h->seq;
+  on.waiters = &h->waiters;
+  on.ready = ready;
+  on.check = NULL;
+  on.arg = &u;
+  pthread_mutex_unlock(&h->m);
+  st = mp_wait_for(w, &on);
+  mp_wait_init(&relock, NULL, -1);
+  r = mp_mutex_lock(&h->m, &relock);
+  if (r == MP_OWNERDEAD) *died = 1;
+  return st;
+}
+
+/* ------------------------------------------------------------------ */
+/* Condition                                                           */
+
+static Sync *held_cond(lua_State *L) {
+  Sync *s = tosync(L, 1, K_COND);
+  if (s->holder != getpid() || s->depth != 1)
+    luaL_error(L, "%s: the lock is not held by this process",
+               method_name(L));
+  return s;
+}
+
+/* Waits on the held condition s up to t seconds: 1 notified, 0 not. */
+static int cond_wait_for(lua_State *L, Sync *s, double t) {
+  SyncHdr *h = hdr_of(s);
+  mp_Wait w;
+  int st, died = 0;
+  mp_wait_init(&w, L, t);
+  h->sleeping++;
+  for (;;) {
+    st = sleep_unlocked(h, &w, has_ticket, &died);
+    if (h->tickets > 0 && st != MP_INTERRUPT) {
+      __atomic_sub_fetch(&h->tickets, 1, __ATOMIC_ACQ_REL);
+      return 1;
+    }
+    if (st == MP_OK) continue;          /* another waiter took the ticket */
+    break;
   }
-  return 1;
+  /* leaving without a notification of our own: drop our place */
+  if (h->sleeping > 0) h->sleeping--;
+  else if (h->tickets > 0)               /* every place left is notified */
+    __atomic_sub_fetch(&h->tickets, 1, __ATOMIC_ACQ_REL);
+  if (st != MP_TIMEOUT) mp_status_error(L, method_name(L), st);
+  return 0;
 }
-
-/* --- Condition: its own error-checking robust mutex plus a sequence --- */
 
 /* cond:wait([timeout]) -> true when notified, false on timeout.  The lock
 ** must be held; it is released while waiting and held again on return. */
 static int cond_wait(lua_State *L) {
-  Sync *s = tosync(L, 1, K_COND);
-  SyncHdr *h = hdr_of(s);
-  mp_Wait w, relock;
-  uint32_t seq;
-  int notified = 0, e, r;
-  mp_wait_init(&w, L, mp_opttimeout(L, 2));
-  if (s->holder != getpid() || s->depth != 1)
-    return luaL_error(L, "Condition.wait: the lock is not held by this "
-                      "process");
-  seq = __atomic_load_n(&h->seq, __ATOMIC_ACQUIRE);
-  __atomic_add_fetch(&h->waiters, 1, __ATOMIC_ACQ_REL);
-  if ((e = pthread_mutex_unlock(&h->m)) != 0) {
-    __atomic_sub_fetch(&h->waiters, 1, __ATOMIC_ACQ_REL);
-    mp_push_errno(L, "Condition.wait", e);
-    return lua_error(L);
-  }
-  s->depth = 0;
-  for (;;) {
-    double sl;
-    if (__atomic_load_n(&h->seq, __ATOMIC_ACQUIRE) != seq) {
-      notified = 1;
-      break;
-    }
-    if ((sl = mp_wait_slice(&w)) <= 0) break;
-    mp_futex_wait(&h->seq, seq, sl);
-    if (mp_wait_interrupted(&w)) break;
-  }
-  __atomic_sub_fetch(&h->waiters, 1, __ATOMIC_ACQ_REL);
-  mp_wait_init(&relock, NULL, -1);    /* relocking is not interruptible */
-  do r = mp_mutex_lock(&h->m, &relock);
-  while (r == MP_INTERRUPT);
-  if (r != MP_OK && r != MP_OWNERDEAD) wait_error(L, r, "Condition.wait");
-  s->holder = getpid();
-  s->depth = 1;
-  if (!notified && mp_wait_interrupted(&w))
-    wait_error(L, MP_INTERRUPT, "Condition.wait");
-  lua_pushboolean(L, notified);
+  Sync *s = held_cond(L);
+  lua_pushboolean(L, cond_wait_for(L, s, mp_opttimeout(L, 2)));
   return 1;
 }
 
-static int cond_notify_n(lua_State *L, int n) {
-  Sync *s = tosync(L, 1, K_COND);
-  SyncHdr *h = hdr_of(s);
-  __atomic_add_fetch(&h->seq, 1, __ATOMIC_ACQ_REL);
-  if (__atomic_load_n(&h->waiters, __ATOMIC_ACQUIRE))
-    mp_futex_wake(&h->seq, n);
+/* cond:wait_for(predicate [, timeout]) -> the predicate's last result.
+** Waits until predicate() is true, holding the lock whenever it runs. */
+static int cond_wait_pred(lua_State *L) {
+  Sync *s = held_cond(L);
+  double t = mp_opttimeout(L, 3), deadline = t < 0 ? -1 : mp_now() + t;
+  mp_checktype(L, 2, LUA_TFUNCTION);
+  for (;;) {
+    double left = 0;
+    lua_settop(L, 3);
+    lua_pushvalue(L, 2);
+    lua_call(L, 0, 1);                          /* s pred t result */
+    if (lua_toboolean(L, -1)) return 1;
+    if (deadline >= 0 && (left = deadline - mp_now()) <= 0) return 1;
+    cond_wait_for(L, s, deadline < 0 ? -1 : left);
+  }
+}
+
+/* Wakes up to n waiters; the lock must be held. */
+static int cond_notify_n(lua_State *L, lua_Integer n) {
+  SyncHdr *h = hdr_of(held_cond(L));
+  uint32_t k = n < (lua_Integer)h->sleeping ? (uint32_t)n : h->sleeping;
+  if (k > 0) {
+    h->sleeping -= k;
+    __atomic_add_fetch(&h->tickets, k, __ATOMIC_ACQ_REL);
+    mp_wake(&h->seq, &h->waiters, (int)k);
+  }
   return 0;
 }
 
 static int cond_notify(lua_State *L) {
-  lua_Integer n = luaL_optinteger(L, 2, 1);
-  luaL_argcheck(L, n >= 1, 2, "must be a positive count");
-  return cond_notify_n(L, n > INT_MAX ? INT_MAX : (int)n);
+  lua_Integer n = mp_optinteger(L, 2, 1);
+  if (n < 1) mp_argerror(L, 2, "must be a positive count");
+  return cond_notify_n(L, n);
 }
 
 static int cond_notify_all(lua_State *L) {
@@ -502,10 +595,132 @@ static int cond_notify_all(lua_State *L) {
 }
 
 /* ------------------------------------------------------------------ */
+/* Barrier                                                             */
+
+/* Under h->m: sets the state and wakes every sleeper. */
+static void bar_set(SyncHdr *h, int32_t state) {
+  __atomic_store_n(&h->state, state, __ATOMIC_RELEASE);
+  mp_wake(&h->seq, &h->waiters, INT_MAX);
+}
+
+/* Takes the barrier's mutex; a holder that died leaves it broken. */
+static int bar_lock(SyncHdr *h, mp_Wait *w) {
+  int st = mp_mutex_lock(&h->m, w);
+  if (st == MP_OWNERDEAD) {
+    bar_set(h, B_BROKEN);
+    st = MP_OK;
+  }
+  return st;
+}
+
+/* Runs the action (uservalue 1 of the barrier at 1) holding the mutex;
+** an error in it breaks the barrier and is raised after the mutex and the
+** party are given back. */
+static int bar_action(lua_State *L) {
+  if (lua_getiuservalue(L, 1, 2) == LUA_TNIL) {
+    lua_pop(L, 1);
+    return 0;
+  }
+  return lua_pcall(L, 0, 0, 0);
+}
+
+/* barrier:wait([timeout]) -> the arrival index 0..parties-1, or nil,
+** "broken" when the barrier is or becomes broken (abort, reset, another
+** party's timeout, an action that failed), or nil, "timeout" when this
+** party's own timeout broke it.  The default timeout is the barrier's. */
+static int bar_wait(lua_State *L) {
+  SyncHdr *h = hdr_of(tosync(L, 1, K_BARRIER));
+  double t = lua_isnoneornil(L, 2) ? h->timeout : mp_opttimeout(L, 2);
+  mp_Wait w;
+  int st, died = 0, failed = 0;
+  uint32_t index = 0;
+  lua_settop(L, 2);
+  mp_wait_init(&w, L, t);
+  if ((st = bar_lock(h, &w)) != MP_OK) goto out;
+  /* wait while the last round drains or a reset completes */
+  while (h->state == B_DRAINING || h->state == B_RESETTING) {
+    if ((st = sleep_unlocked(h, &w, seq_moved, &died)) != MP_OK) break;
+  }
+  if (st == MP_OK && h->state == B_FILLING) {
+    index = __atomic_add_fetch(&h->count, 1, __ATOMIC_ACQ_REL) - 1;
+    if (index + 1 == h->parties) {
+      if ((failed = bar_action(L)) != 0) bar_set(h, B_BROKEN);
+      else bar_set(h, B_DRAINING);
+    } else {
+      while (st == MP_OK && h->state == B_FILLING)
+        st = sleep_unlocked(h, &w, seq_moved, &died);
+      /* tripped or broken just as the time ran out: that is the outcome */
+      if (st == MP_TIMEOUT && h->state != B_FILLING) st = MP_OK;
+      if (st != MP_OK && h->state == B_FILLING) bar_set(h, B_BROKEN);
+    }
+    __atomic_sub_fetch(&h->count, 1, __ATOMIC_ACQ_REL);
+  }
+  if (died) bar_set(h, B_BROKEN);
+  if (st == MP_OK && h->state < 0) st = MP_BROKEN;
+  /* the last one out ends the draining or the reset */
+  if (h->count == 0 &&
+      (h->state == B_DRAINING || h->state == B_RESETTING))
+    bar_set(h, B_FILLING);
+  pthread_mutex_unlock(&h->m);
+out:
+  if (failed) return lua_error(L);
+  switch (st) {
+    case MP_OK:
+      lua_pushinteger(L, index);
+      return 1;
+    case MP_TIMEOUT: case MP_BROKEN:
+      lua_pushnil(L);
+      lua_pushstring(L, st == MP_TIMEOUT ? "timeout" : "broken");
+      return 2;
+    default:
+      return mp_status_error(L, "Barrier.wait", st);
+  }
+}
+
+/* Changes the state under the mutex: abort breaks, reset refills. */
+static int bar_change(lua_State *L, int reset) {
+  SyncHdr *h = hdr_of(tosync(L, 1, K_BARRIER));
+  mp_Wait w;
+  int st;
+  mp_wait_init(&w, L, -1);
+  if ((st = bar_lock(h, &w)) != MP_OK)
+    return mp_status_error(L, method_name(L), st);
+  if (!reset) bar_set(h, B_BROKEN);
+  else if (h->count == 0) bar_set(h, B_FILLING);
+  /* parties waiting: they leave broken; the last one out refills */
+  else if (h->state != B_DRAINING) bar_set(h, B_RESETTING);
+  pthread_mutex_unlock(&h->m);
+  return 0;
+}
+
+static int bar_abort(lua_State *L) { return bar_change(L, 0); }
+static int bar_reset(lua_State *L) { return bar_change(L, 1); }
+
+static int bar_index(lua_State *L) {
+  SyncHdr *h = hdr_of(tosync(L, 1, K_BARRIER));
+  const char *k = lua_tostring(L, 2);
+  int32_t state = __atomic_load_n(&h->state, __ATOMIC_ACQUIRE);
+  if (k && strcmp(k, "parties") == 0)
+    lua_pushinteger(L, h->parties);
+  else if (k && strcmp(k, "n_waiting") == 0)
+    lua_pushinteger(L, state == B_FILLING
+                       ? __atomic_load_n(&h->count, __ATOMIC_ACQUIRE) : 0);
+  else if (k && strcmp(k, "broken") == 0)
+    lua_pushboolean(L, state == B_BROKEN);
+  else if (k && strcmp(k, "timeout") == 0 && h->timeout >= 0)
+    lua_pushnumber(L, h->timeout);
+  else
+    mp_push_method(L);
+  return 1;
+}
+
+/* ------------------------------------------------------------------ */
 /* constructors                                                        */
 
 static int new_lock(lua_State *L) { createsync(L, K_LOCK); return 1; }
 static int new_rlock(lua_State *L) { createsync(L, K_RLOCK); return 1; }
+static int new_event(lua_State *L) { createsync(L, K_EVENT); return 1; }
+
 static int new_cond(lua_State *L) {
   if (!lua_isnoneornil(L, 1))
     return luaL_argerror(L, 1, "a Condition brings its own lock "
@@ -514,23 +729,31 @@ static int new_cond(lua_State *L) {
   return 1;
 }
 
-static int new_sem(lua_State *L) {
-  lua_Integer n = luaL_optinteger(L, 1, 1);
+static int new_semaphore(lua_State *L, int kind) {
+  lua_Integer n = mp_optinteger(L, 1, 1);
   Sync *s;
-  luaL_argcheck(L, n >= 0 && n <= INT_MAX, 1, "must be a non-negative count");
-  s = createsync(L, K_SEM);
-  hdr_of(s)->value = (uint32_t)n;
+  if (n < 0 || n > INT_MAX) mp_argerror(L, 1, "must be a non-negative count");
+  s = createsync(L, kind);
+  hdr_of(s)->value = hdr_of(s)->limit = (uint32_t)n;
   return 1;
 }
 
-static int new_event(lua_State *L) { createsync(L, K_EVENT); return 1; }
+static int new_sem(lua_State *L) { return new_semaphore(L, K_SEM); }
+static int new_bsem(lua_State *L) { return new_semaphore(L, K_BSEM); }
 
+/* mp.Barrier(parties [, action [, timeout]]) */
 static int new_barrier(lua_State *L) {
-  lua_Integer n = luaL_checkinteger(L, 1);
+  lua_Integer n = mp_checkinteger(L, 1);
+  double t = mp_opttimeout(L, 3);
   Sync *s;
-  luaL_argcheck(L, n >= 1 && n <= INT_MAX, 1, "must be a positive count");
-  s = createsync(L, K_BARRIER);
+  if (n < 1 || n > INT_MAX) mp_argerror(L, 1, "must be a positive count");
+  if (!lua_isnoneornil(L, 2)) mp_checktype(L, 2, LUA_TFUNCTION);
+  lua_settop(L, 2);                             /* n action */
+  s = createsync(L, K_BARRIER);                 /* n action b */
   hdr_of(s)->parties = (uint32_t)n;
+  hdr_of(s)->timeout = t;
+  lua_pushvalue(L, 2);
+  lua_setiuservalue(L, -2, 2);
   return 1;
 }
 
@@ -540,9 +763,13 @@ static int new_barrier(lua_State *L) {
 static void sync_encode(lua_State *L, int idx, mp_Writer *w) {
   Sync *s = (Sync *)lua_touserdata(L, idx);
   unsigned char k = (unsigned char)s->kind;
-  if (!s->seg.base) luaL_error(L, "cannot send a closed %s", kind_short[s->kind]);
+  if (!s->map) luaL_error(L, "cannot send a closed %s", kind_short[s->kind]);
   mp_write_bytes(L, w, &k, 1);
-  mp_write_fd(L, w, s->seg.fd);
+  mp_write_fd(L, w, s->map->seg.fd);
+  if (s->kind == K_BARRIER) {
+    lua_getiuservalue(L, idx, 2);
+    mp_write_value(L, w, "Barrier action");
+  }
 }
 
 static void sync_decode(lua_State *L, mp_Reader *r) {
@@ -551,11 +778,18 @@ static void sync_decode(lua_State *L, mp_Reader *r) {
   Sync *s;
   if (kind >= K_NKINDS) luaL_error(L, "bad synchronisation object kind %d", kind);
   fd = mp_read_fd(L, r);
-  s = newsync(L, kind);
-  if (mp_seg_from_fd(L, &s->seg, fd, SYNC_SIZE, 1) != 0) lua_error(L);
+  mp_map_from_fd(L, fd, SYNC_SIZE);                          /* map */
+  s = newsync(L, kind);                                      /* s */
   if (hdr_of(s)->magic != SYNC_MAGIC || hdr_of(s)->kind != (uint32_t)kind) {
-    mp_seg_close(&s->seg);
+    mp_map_release(s->map);
+    s->map = NULL;
     luaL_error(L, "received %s is not one", kind_short[kind]);
+  }
+  if (kind == K_BARRIER) {
+    mp_read_value(L, r);                        /* s action */
+    if (!lua_isnil(L, -1) && !lua_isfunction(L, -1))
+      luaL_error(L, "received Barrier has a bad action");
+    lua_setiuservalue(L, -2, 2);                /* s */
   }
 }
 
@@ -563,6 +797,7 @@ static const mp_CodecType sync_codec[K_NKINDS] = {
   {"multiprocessing.Lock", sync_encode, sync_decode},
   {"multiprocessing.RLock", sync_encode, sync_decode},
   {"multiprocessing.Semaphore", sync_encode, sync_decode},
+  {"multiprocessing.BoundedSemaphore", sync_encode, sync_decode},
   {"multiprocessing.Event", sync_encode, sync_decode},
   {"multiprocessing.Barrier", sync_encode, sync_decode},
   {"multiprocessing.Condition", sync_encode, sync_decode},
@@ -582,16 +817,17 @@ static int lock_index(lua_State *L) {
 }
 
 static const luaL_Reg lock_methods[] = {
-  {"acquire", lock_acquire}, {"release", lock_release},
+  {"acquire", m_acquire}, {"release", m_release}, {"guard", m_guard},
   {"locked", lock_locked}, {"close", sync_gc}, {NULL, NULL}
 };
 static const luaL_Reg cond_methods[] = {
-  {"acquire", lock_acquire}, {"release", lock_release},
-  {"wait", cond_wait}, {"notify", cond_notify},
-  {"notify_all", cond_notify_all}, {"close", sync_gc}, {NULL, NULL}
+  {"acquire", m_acquire}, {"release", m_release}, {"guard", m_guard},
+  {"wait", cond_wait}, {"wait_for", cond_wait_pred},
+  {"notify", cond_notify}, {"notify_all", cond_notify_all},
+  {"close", sync_gc}, {NULL, NULL}
 };
 static const luaL_Reg sem_methods[] = {
-  {"acquire", sem_acquire}, {"release", sem_release},
+  {"acquire", m_acquire}, {"release", m_release}, {"guard", m_guard},
   {"get_value", sem_get_value}, {"close", sync_gc}, {NULL, NULL}
 };
 static const luaL_Reg ev_methods[] = {
@@ -601,6 +837,9 @@ static const luaL_Reg ev_methods[] = {
 static const luaL_Reg bar_methods[] = {
   {"wait", bar_wait}, {"abort", bar_abort}, {"reset", bar_reset},
   {"close", sync_gc}, {NULL, NULL}
+};
+static const luaL_Reg guard_methods[] = {
+  {"release", guard_release}, {NULL, NULL}
 };
 
 /* 'index' (or NULL: the methods are the __index) serves the fields that
@@ -620,14 +859,50 @@ static void newtype(lua_State *L, int kind, const luaL_Reg *methods,
 void mp_open_sync(lua_State *L) {
   static const luaL_Reg funcs[] = {
     {"Lock", new_lock}, {"RLock", new_rlock}, {"Semaphore", new_sem},
-    {"Event", new_event}, {"Barrier", new_barrier}, {"Condition", new_cond},
-    {NULL, NULL}
+    {"BoundedSemaphore", new_bsem}, {"Event", new_event},
+    {"Barrier", new_barrier}, {"Condition", new_cond}, {NULL, NULL}
+  };
+  static const luaL_Reg guard_meta[] = {
+    {"__gc", guard_release}, {"__close", guard_release},
+    {"__tostring", guard_tostring}, {NULL, NULL}
   };
   newtype(L, K_LOCK, lock_methods, lock_index);
   newtype(L, K_RLOCK, lock_methods, lock_index);
   newtype(L, K_SEM, sem_methods, NULL);
+  newtype(L, K_BSEM, sem_methods, NULL);
   newtype(L, K_EVENT, ev_methods, NULL);
   newtype(L, K_BARRIER, bar_methods, bar_index);
   newtype(L, K_COND, cond_methods, lock_index);
+  mp_new_class(L, GUARD_T, guard_meta, guard_methods);
+  lua_pop(L, 1);
   luaL_setfuncs(L, funcs, 0);
+}
+
+/* ------------------------------------------------------------------ */
+/* the lock of a synchronised Value or Array (array.c)                 */
+
+int mp_islock(lua_State *L, int idx) {
+  Sync *s = (Sync *)luaL_testudata(L, idx, kind_tname[K_LOCK]);
+  if (s == NULL) s = (Sync *)luaL_testudata(L, idx, kind_tname[K_RLOCK]);
+  return s != NULL && s->map != NULL;
+}
+
+void mp_new_rlock(lua_State *L) { createsync(L, K_RLOCK); }
+
+int mp_lock_enter(lua_State *L, int idx, const char *what) {
+  Sync *s = (Sync *)lua_touserdata(L, idx);
+  mp_Wait w;
+  int st;
+  if (s == NULL || s->map == NULL)
+    return luaL_error(L, "%s: its lock is closed", what);
+  mp_wait_init(&w, L, -1);
+  st = mp_mutex_lock(&hdr_of(s)->m, &w);
+  if (st == EDEADLK) return 0;          /* ours already (a Lock) */
+  if (st != MP_OK && st != MP_OWNERDEAD) mp_status_error(L, what, st);
+  return 1;
+}
+
+void mp_lock_leave(lua_State *L, int idx) {
+  Sync *s = (Sync *)lua_touserdata(L, idx);
+  pthread_mutex_unlock(&hdr_of(s)->m);
 }
