@@ -17,6 +17,13 @@
 ** These references belong to Array objects, not to mappings: the Arrays of
 ** one process on the same memory share one mapping (mp_Map, shm.c), so an
 ** array received again costs no mmap, but each still holds its own.
+**
+** Synchronised, as Python's: a shared Array or Value gets a lock, a new
+** RLock unless {lock = false} or {lock = a Lock or RLock} says otherwise
+** (uservalue 2; it crosses processes with the array).  Every element
+** access, fill, totable, tostring and copy holds it for its duration;
+** get_lock() returns it and get_obj() the same memory without it.  An
+** array without a lock (lock = false, or private) has neither method.
 */
 #include <errno.h>
 #include <math.h>
@@ -73,6 +80,7 @@ typedef struct Array {
   size_t n;
   int ct;
   int isvalue;
+  int locked;             /* has a lock (uservalue 2) */
   pid_t refpid;           /* the process whose reference this object holds */
   mp_Map *map;            /* when shared: the mapping (also uservalue 1) */
 } Array;
@@ -88,10 +96,10 @@ static int find_ctype(const char *name) {
 }
 
 static int check_ctype(lua_State *L, int idx) {
-  const char *name = luaL_checkstring(L, idx);
+  const char *name = mp_checklstring(L, idx, NULL);
   int ct = find_ctype(name);
   if (ct < 0)
-    luaL_argerror(L, idx, lua_pushfstring(L, "unknown ctype '%s' (expected "
+    mp_argerror(L, idx, lua_pushfstring(L, "unknown ctype '%s' (expected "
         "int8..int64, uint8..uint64, float, double or char)", name));
   return ct;
 }
@@ -99,7 +107,7 @@ static int check_ctype(lua_State *L, int idx) {
 static Array *toarray(lua_State *L, int idx) {
   Array *a = (Array *)luaL_testudata(L, idx, ARRAY_T);
   if (!a) a = (Array *)luaL_testudata(L, idx, VALUE_T);
-  if (!a) luaL_typeerror(L, idx, "Array or Value");
+  if (!a) mp_typeerror(L, idx, "Array or Value");
   return a;
 }
 
@@ -110,8 +118,27 @@ static Array *checkarray(lua_State *L, int idx) {
   return a;
 }
 
+/* Around one access to the array at idx: takes its lock, if it has one.
+** Returns what sync_leave needs (whether it took the lock).  Nothing that
+** raises may come between the two. */
+static int sync_enter(lua_State *L, int idx, Array *a) {
+  int taken;
+  if (!a->locked) return 0;
+  lua_getiuservalue(L, idx, 2);                             /* ... lock */
+  taken = mp_lock_enter(L, -1, a->isvalue ? "Value" : "Array");
+  lua_pop(L, 1);
+  return taken;
+}
+
+static void sync_leave(lua_State *L, int idx, int taken) {
+  if (!taken) return;
+  lua_getiuservalue(L, idx, 2);                             /* ... lock */
+  mp_lock_leave(L, -1);
+  lua_pop(L, 1);
+}
+
 static Array *newarray(lua_State *L, int ct, size_t n, int isvalue) {
-  Array *a = (Array *)lua_newuserdatauv(L, sizeof(Array), 1);
+  Array *a = (Array *)lua_newuserdatauv(L, sizeof(Array), 2);
   memset(a, 0, sizeof *a);
   a->ct = ct;
   a->n = n;
@@ -277,16 +304,25 @@ static const struct { lua_Integer lo, hi; } int_range[] = {
   {0, 4294967295LL}, {LUA_MININTEGER, LUA_MAXINTEGER},
 };
 
-/* Converts the Lua value at idx for ctype ct into 'out' (8 bytes);
-** raises naming 'what' when it does not fit. */
+/* Raises msg: as a bad argument 'arg' of the running function (arg > 0),
+** else prefixed with 'what'. */
+static void elem_error(lua_State *L, int arg, const char *what,
+                       const char *msg) {
+  if (arg > 0) mp_argerror(L, arg, msg);
+  luaL_error(L, "%s: %s", what, msg);
+}
+
+/* Converts the Lua value at idx for ctype ct into 'out' (8 bytes); raises
+** (elem_error) when it does not fit. */
 static void to_elem(lua_State *L, int ct, int idx, unsigned char *out,
-                    const char *what) {
+                    int arg, const char *what) {
   const CType *t = &ctypes[ct];
   if (t->kind == T_FLOAT) {
     int ok;
     lua_Number x = lua_tonumberx(L, idx, &ok);
-    if (!ok) luaL_error(L, "%s: expected a number for %s, got %s", what,
-                        t->name, luaL_typename(L, idx));
+    if (!ok)
+      elem_error(L, arg, what, lua_pushfstring(L, "expected a number for "
+                 "%s, got %s", t->name, luaL_typename(L, idx)));
     if (ct == 8) { float f = (float)x; memcpy(out, &f, 4); }
     else memcpy(out, &x, 8);
     return;
@@ -294,8 +330,9 @@ static void to_elem(lua_State *L, int ct, int idx, unsigned char *out,
   if (t->kind == T_CHAR && lua_type(L, idx) == LUA_TSTRING) {
     size_t len;
     const char *s = lua_tolstring(L, idx, &len);
-    if (len != 1) luaL_error(L, "%s: expected a one-byte string for char, "
-                             "got %I bytes", what, (lua_Integer)len);
+    if (len != 1)
+      elem_error(L, arg, what, lua_pushfstring(L, "expected a one-byte "
+                 "string for char, got %I bytes", (lua_Integer)len));
     out[0] = (unsigned char)s[0];
     return;
   }
@@ -303,15 +340,15 @@ static void to_elem(lua_State *L, int ct, int idx, unsigned char *out,
     int ok;
     lua_Integer v = lua_tointegerx(L, idx, &ok);
     int r = t->kind == T_CHAR ? 4 : ct;
-    if (!ok) {
-      if (lua_type(L, idx) == LUA_TNUMBER)
-        luaL_error(L, "%s: %s has no integer representation for %s", what,
-                   lua_tostring(L, idx), t->name);
-      luaL_error(L, "%s: expected an integer for %s, got %s", what, t->name,
-                 luaL_typename(L, idx));
-    }
+    if (!ok && lua_type(L, idx) == LUA_TNUMBER)
+      elem_error(L, arg, what, lua_pushfstring(L, "%s has no integer "
+                 "representation for %s", lua_tostring(L, idx), t->name));
+    if (!ok)
+      elem_error(L, arg, what, lua_pushfstring(L, "expected an integer for "
+                 "%s, got %s", t->name, luaL_typename(L, idx)));
     if (v < int_range[r].lo || v > int_range[r].hi)
-      luaL_error(L, "%s: value %I out of range for %s", what, v, t->name);
+      elem_error(L, arg, what, lua_pushfstring(L, "value %I out of range "
+                 "for %s", v, t->name));
     switch (t->size) {
       case 1: { uint8_t x = (uint8_t)v; memcpy(out, &x, 1); break; }
       case 2: { uint16_t x = (uint16_t)v; memcpy(out, &x, 2); break; }
@@ -321,11 +358,24 @@ static void to_elem(lua_State *L, int ct, int idx, unsigned char *out,
   }
 }
 
+/* Sets element i of the array at 1 (under its lock) to the value at idx. */
 static void set_elem(lua_State *L, Array *a, size_t i, int idx,
                      const char *what) {
   unsigned char tmp[8];
-  to_elem(L, a->ct, idx, tmp, what);
+  int taken;
+  to_elem(L, a->ct, idx, tmp, 0, what);
+  taken = sync_enter(L, 1, a);
   memcpy(a->data + i * ctypes[a->ct].size, tmp, ctypes[a->ct].size);
+  sync_leave(L, 1, taken);
+}
+
+/* Pushes element i of the array a at idx, read under its lock. */
+static void get_elem(lua_State *L, Array *a, int idx, size_t i) {
+  int taken;
+  luaL_checkstack(L, 2, NULL);
+  taken = sync_enter(L, idx, a);
+  push_elem(L, a, i);
+  sync_leave(L, idx, taken);
 }
 
 static size_t check_index(lua_State *L, Array *a, int idx) {
@@ -341,7 +391,7 @@ static size_t check_index(lua_State *L, Array *a, int idx) {
 
 /* an optional 1-based position (negative counts from the end), clamped */
 static size_t optpos(lua_State *L, int idx, size_t n, lua_Integer def) {
-  lua_Integer i = luaL_optinteger(L, idx, def);
+  lua_Integer i = mp_optinteger(L, idx, def);
   if (i < 0) i = (lua_Integer)n + i + 1;
   if (i < 0) i = 0;
   if ((lua_Unsigned)i > n) i = (lua_Integer)n;
@@ -351,27 +401,57 @@ static size_t optpos(lua_State *L, int idx, size_t n, lua_Integer def) {
 /* ------------------------------------------------------------------ */
 /* constructors                                                        */
 
-/* opts at idx: {shared = boolean}; default shared */
-static int opt_shared(lua_State *L, int idx) {
+/* opts at idx: {shared = boolean, lock = boolean | Lock | RLock}; default
+** shared.  Returns whether shared and pushes the lock to attach, or nil. */
+static int push_opts(lua_State *L, int idx) {
   int shared = 1;
-  if (lua_isnoneornil(L, idx)) return 1;
-  luaL_checktype(L, idx, LUA_TTABLE);
-  if (lua_getfield(L, idx, "shared") != LUA_TNIL) shared = lua_toboolean(L, -1);
-  lua_pop(L, 1);
+  if (!lua_isnoneornil(L, idx)) {
+    mp_checktype(L, idx, LUA_TTABLE);
+    if (lua_getfield(L, idx, "shared") != LUA_TNIL)
+      shared = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    lua_getfield(L, idx, "lock");                   /* ... lock */
+  } else {
+    lua_pushnil(L);
+  }
+  if (lua_isnil(L, -1) && shared) {
+    lua_pop(L, 1);
+    mp_new_rlock(L);
+  } else if (lua_isboolean(L, -1)) {
+    int want = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    if (want && !shared)
+      mp_argerror(L, idx, "a private (shared = false) array has no lock");
+    if (want) mp_new_rlock(L);
+    else lua_pushnil(L);
+  } else if (!lua_isnil(L, -1) && !mp_islock(L, -1)) {
+    mp_argerror(L, idx, lua_pushfstring(L, "lock must be true, false, a "
+                "Lock or an RLock, got %s", luaL_typename(L, -1)));
+  } else if (!lua_isnil(L, -1) && !shared) {
+    mp_argerror(L, idx, "a private (shared = false) array has no lock");
+  }
   return shared;
 }
 
-/* mp.Array(ctype, n | table | string [, {shared = true}]) */
+/* Attaches the lock (or nil) at the top, popped, to the array at idx. */
+static void attach_lock(lua_State *L, int idx, Array *a) {
+  a->locked = !lua_isnil(L, -1);
+  lua_setiuservalue(L, idx, 2);
+}
+
+/* mp.Array(ctype, n | table | string [, {shared = true, lock = true}]) */
 static int new_array(lua_State *L) {
   int ct = check_ctype(L, 1);
   size_t n, i, esz = ctypes[ct].size;
-  int shared = opt_shared(L, 3);
+  int shared;
   Array *a;
+  lua_settop(L, 3);
+  shared = push_opts(L, 3);                     /* ctype init opts lock */
   switch (lua_type(L, 2)) {
     case LUA_TNUMBER: {
-      lua_Integer k = luaL_checkinteger(L, 2);
-      luaL_argcheck(L, k >= 0 && (lua_Unsigned)k <= MAX_BYTES / esz, 2,
-                    "size out of range");
+      lua_Integer k = mp_checkinteger(L, 2);
+      if (k < 0 || (lua_Unsigned)k > MAX_BYTES / esz)
+        mp_argerror(L, 2, "size out of range");
       n = (size_t)k;
       break;
     }
@@ -379,37 +459,48 @@ static int new_array(lua_State *L) {
     case LUA_TSTRING: {
       size_t len = lua_rawlen(L, 2);
       if (len % esz)
-        return luaL_argerror(L, 2, lua_pushfstring(L, "string of %I bytes "
+        return mp_argerror(L, 2, lua_pushfstring(L, "string of %I bytes "
             "is not a whole number of %s", (lua_Integer)len, ctypes[ct].name));
       n = len / esz;
       break;
     }
     default:
-      return luaL_typeerror(L, 2, "size, table or string");
+      return mp_typeerror(L, 2, "size, table or string");
   }
-  a = newarray(L, ct, n, 0);
+  a = newarray(L, ct, n, 0);                    /* ctype init opts lock a */
   if (shared) make_shared(L, -1, a, mp_sharing_strategy(L));
   else alloc_private(L, a);
   if (lua_type(L, 2) == LUA_TTABLE) {
+    unsigned char tmp[8];
     for (i = 0; i < n; i++) {
       lua_geti(L, 2, (lua_Integer)i + 1);
-      set_elem(L, a, i, -1, "Array");
+      to_elem(L, ct, -1, tmp, 0, "Array");
+      memcpy(a->data + i * esz, tmp, esz);
       lua_pop(L, 1);
     }
   } else if (lua_type(L, 2) == LUA_TSTRING) {
     memcpy(a->data, lua_tostring(L, 2), n * esz);
   }
+  lua_insert(L, -2);                            /* ctype init opts a lock */
+  attach_lock(L, -2, a);                        /* ctype init opts a */
   return 1;
 }
 
-/* mp.Value(ctype [, v] [, {shared = true}]) */
+/* mp.Value(ctype [, v] [, {shared = true, lock = true}]) */
 static int new_value(lua_State *L) {
   int ct = check_ctype(L, 1);
-  int shared = opt_shared(L, 3);
-  Array *a = newarray(L, ct, 1, 1);
+  unsigned char tmp[8];
+  int shared;
+  Array *a;
+  lua_settop(L, 3);
+  if (!lua_isnil(L, 2)) to_elem(L, ct, 2, tmp, 2, "Value");
+  shared = push_opts(L, 3);                     /* ctype v opts lock */
+  a = newarray(L, ct, 1, 1);                    /* ctype v opts lock a */
   if (shared) make_shared(L, -1, a, mp_sharing_strategy(L));
   else alloc_private(L, a);
-  if (!lua_isnoneornil(L, 2)) set_elem(L, a, 0, 2, "Value");
+  if (!lua_isnil(L, 2)) memcpy(a->data, tmp, ctypes[ct].size);
+  lua_insert(L, -2);                            /* ctype v opts a lock */
+  attach_lock(L, -2, a);                        /* ctype v opts a */
   return 1;
 }
 
@@ -420,9 +511,12 @@ static int m_fill(lua_State *L) {
   Array *a = checkarray(L, 1);
   size_t esz = ctypes[a->ct].size, i;
   unsigned char tmp[8];
-  to_elem(L, a->ct, 2, tmp, "fill");
+  int taken;
+  to_elem(L, a->ct, 2, tmp, 2, "Array.fill");
+  taken = sync_enter(L, 1, a);
   if (esz == 1) memset(a->data, tmp[0], a->n);
   else for (i = 0; i < a->n; i++) memcpy(a->data + i * esz, tmp, esz);
+  sync_leave(L, 1, taken);
   lua_settop(L, 1);
   return 1;
 }
@@ -431,12 +525,16 @@ static int m_fill(lua_State *L) {
 static int m_totable(lua_State *L) {
   Array *a = checkarray(L, 1);
   size_t i = optpos(L, 2, a->n, 1), j = optpos(L, 3, a->n, -1), k;
+  int taken;
   if (i < 1) i = 1;
   lua_createtable(L, j >= i ? (int)(j - i + 1) : 0, 0);
+  luaL_checkstack(L, 2, NULL);
+  taken = sync_enter(L, 1, a);     /* the table is made: nothing raises */
   for (k = i; k <= j; k++) {
     push_elem(L, a, k - 1);
     lua_rawseti(L, -2, (lua_Integer)(k - i + 1));
   }
+  sync_leave(L, 1, taken);
   return 1;
 }
 
@@ -446,9 +544,17 @@ static int m_tostring(lua_State *L) {
   size_t esz = ctypes[a->ct].size;
   size_t i = optpos(L, 2, a->n, 1), j = optpos(L, 3, a->n, -1);
   if (i < 1) i = 1;
-  if (j < i) lua_pushliteral(L, "");
-  else lua_pushlstring(L, (const char *)a->data + (i - 1) * esz,
-                       (j - i + 1) * esz);
+  if (j < i) {
+    lua_pushliteral(L, "");
+  } else {
+    luaL_Buffer b;
+    size_t len = (j - i + 1) * esz;
+    char *p = luaL_buffinitsize(L, &b, len);
+    int taken = sync_enter(L, 1, a);
+    memcpy(p, a->data + (i - 1) * esz, len);
+    sync_leave(L, 1, taken);
+    luaL_pushresultsize(&b, len);
+  }
   return 1;
 }
 
@@ -461,15 +567,16 @@ static int m_copy(lua_State *L) {
   Array *a = checkarray(L, 1);
   size_t esz = ctypes[a->ct].size, dst, first, last, count, srcn = 0, k;
   Array *src = NULL;
-  lua_Integer d = luaL_optinteger(L, 3, 1);
-  int st = lua_type(L, 2);
+  lua_Integer d = mp_optinteger(L, 3, 1);
+  const unsigned char *from;
+  int st = lua_type(L, 2), taken, srctaken = 0;
   if (st == LUA_TUSERDATA) src = checkarray(L, 2);
   else if (st == LUA_TSTRING) srcn = lua_rawlen(L, 2);
-  else if (st != LUA_TTABLE) return luaL_typeerror(L, 2, "Array, string or table");
+  else if (st != LUA_TTABLE) return mp_typeerror(L, 2, "Array, string or table");
   if (src) srcn = src->n;
   else if (st == LUA_TTABLE) srcn = (size_t)luaL_len(L, 2);
-  luaL_argcheck(L, d >= 1 && (lua_Unsigned)d <= a->n + 1, 3,
-                "destination index out of range");
+  if (d < 1 || (lua_Unsigned)d > a->n + 1)
+    mp_argerror(L, 3, "destination index out of range");
   dst = (size_t)d - 1;
   first = optpos(L, 4, srcn, 1);
   last = optpos(L, 5, srcn, -1);
@@ -477,26 +584,38 @@ static int m_copy(lua_State *L) {
   count = last >= first ? last - first + 1 : 0;
   if (st == LUA_TSTRING) {
     if (count % esz)
-      return luaL_argerror(L, 2, "byte count is not a whole number of elements");
+      return mp_argerror(L, 2, "byte count is not a whole number of elements");
     if (dst + count / esz > a->n)
       return luaL_error(L, "Array.copy: %I bytes do not fit at index %I of %I "
                         "elements", (lua_Integer)count, d, (lua_Integer)a->n);
-    memcpy(a->data + dst * esz, lua_tostring(L, 2) + first - 1, count);
+    from = (const unsigned char *)lua_tostring(L, 2) + first - 1;
   } else {
     if (dst + count > a->n)
       return luaL_error(L, "Array.copy: %I elements do not fit at index %I of "
                         "%I", (lua_Integer)count, d, (lua_Integer)a->n);
     if (src && src->ct == a->ct) {
-      memmove(a->data + dst * esz, src->data + (first - 1) * esz, count * esz);
+      from = src->data + (first - 1) * esz;
+      if (src != a) srctaken = sync_enter(L, 2, src);
     } else {
+      /* converted first, into a buffer: nothing raises under the lock */
+      unsigned char *buf = (unsigned char *)lua_newuserdatauv(L,
+                               count * esz + 1, 0);   /* ... buf */
       for (k = 0; k < count; k++) {
-        if (src) push_elem(L, src, first - 1 + k);
+        unsigned char tmp[8];
+        if (src) get_elem(L, src, 2, first - 1 + k);
         else lua_geti(L, 2, (lua_Integer)(first + k));
-        set_elem(L, a, dst + k, -1, "Array.copy");
+        to_elem(L, a->ct, -1, tmp, 0, "Array.copy");
+        memcpy(buf + k * esz, tmp, esz);
         lua_pop(L, 1);
       }
+      from = buf;
     }
+    count *= esz;
   }
+  taken = sync_enter(L, 1, a);
+  memmove(a->data + dst * esz, from, count);
+  sync_leave(L, 1, taken);
+  sync_leave(L, 2, srctaken);
   lua_settop(L, 1);
   return 1;
 }
@@ -524,6 +643,29 @@ static int m_itemsize(lua_State *L) {
   return 1;
 }
 
+/* a:get_lock() -> the Lock or RLock of a synchronised array */
+static int m_get_lock(lua_State *L) {
+  Array *a = checkarray(L, 1);
+  if (!a->locked) return luaL_error(L, "%s has no lock", luaL_tolstring(L, 1, NULL));
+  lua_getiuservalue(L, 1, 2);
+  return 1;
+}
+
+/* a:get_obj() -> the same shared memory, without the lock */
+static int m_get_obj(lua_State *L) {
+  Array *a = checkarray(L, 1), *o;
+  if (!a->locked) return luaL_error(L, "%s has no lock", luaL_tolstring(L, 1, NULL));
+  o = newarray(L, a->ct, a->n, a->isvalue);                 /* a o */
+  lua_getiuservalue(L, 1, 1);                               /* a o map */
+  attach_map(L, 2, o, a->map);                              /* a o */
+  o->refpid = getpid();
+  if (a->map->seg.kind == MP_SEG_NAME) {
+    __atomic_add_fetch(&hdr_of(o)->refs, 1, __ATOMIC_ACQ_REL);
+    own_reference(L, 2);
+  }
+  return 1;
+}
+
 static int m_close(lua_State *L) {
   array_release(L, 1, toarray(L, 1));
   return 0;
@@ -536,13 +678,19 @@ static int mt_index(lua_State *L) {
   Array *a = toarray(L, 1);
   if (lua_type(L, 2) == LUA_TNUMBER) {
     checkarray(L, 1);
-    push_elem(L, a, check_index(L, a, 2));
+    get_elem(L, a, 1, check_index(L, a, 2));
     return 1;
   }
   if (a->isvalue && lua_type(L, 2) == LUA_TSTRING &&
       strcmp(lua_tostring(L, 2), "value") == 0) {
     checkarray(L, 1);
-    push_elem(L, a, 0);
+    get_elem(L, a, 1, 0);
+    return 1;
+  }
+  if (!a->locked && lua_type(L, 2) == LUA_TSTRING &&
+      (strcmp(lua_tostring(L, 2), "get_lock") == 0 ||
+       strcmp(lua_tostring(L, 2), "get_obj") == 0)) {
+    lua_pushnil(L);                   /* a raw array has neither */
     return 1;
   }
   mp_push_method(L);
@@ -589,7 +737,8 @@ typedef struct Wire {
   char how;               /* 'P' private copy, 'F' memfd, 'N' name */
   unsigned char ct;
   unsigned char isvalue;
-  unsigned char pad[5];
+  unsigned char locked;   /* its lock follows (nested.c) */
+  unsigned char pad[4];
   uint64_t n;
 } Wire;
 
@@ -615,6 +764,7 @@ static void array_encode(lua_State *L, int idx, mp_Writer *w) {
   memset(&wi, 0, sizeof wi);
   wi.ct = (unsigned char)a->ct;
   wi.isvalue = (unsigned char)a->isvalue;
+  wi.locked = (unsigned char)a->locked;
   wi.n = a->n;
   wi.how = !a->map ? 'P' : a->map->seg.kind == MP_SEG_NAME ? 'N' : 'F';
   mp_write_bytes(L, w, &wi, sizeof wi);
@@ -632,6 +782,17 @@ static void array_encode(lua_State *L, int idx, mp_Writer *w) {
       __atomic_add_fetch(&hdr_of(a)->refs, 1, __ATOMIC_ACQ_REL);
     }
   }
+  if (a->locked) {
+    lua_getiuservalue(L, idx, 2);
+    mp_write_value(L, w, "the lock of an Array");
+  }
+}
+
+/* The lock that follows a locked array's encoding, for the array at ai. */
+static void decode_lock(lua_State *L, mp_Reader *r, int ai, Array *a) {
+  mp_read_value(L, r);                                      /* a lock */
+  if (!mp_islock(L, -1)) luaL_error(L, "bad Array encoding (its lock)");
+  attach_lock(L, ai, a);
 }
 
 static void array_decode(lua_State *L, mp_Reader *r) {
@@ -642,7 +803,7 @@ static void array_decode(lua_State *L, mp_Reader *r) {
   int ai;
   memcpy(&wi, mp_read_bytes(L, r, sizeof wi), sizeof wi);
   if (wi.ct >= NCTYPES || wi.n > MAX_BYTES / ctypes[wi.ct].size ||
-      (wi.isvalue && wi.n != 1) ||
+      (wi.isvalue && wi.n != 1) || wi.locked > 1 ||
       (wi.how != 'P' && wi.how != 'F' && wi.how != 'N'))
     luaL_error(L, "bad Array encoding");
   a = newarray(L, wi.ct, (size_t)wi.n, wi.isvalue);
@@ -652,6 +813,7 @@ static void array_decode(lua_State *L, mp_Reader *r) {
     const char *p = mp_read_bytes(L, r, nbytes(a));
     alloc_private(L, a);
     memcpy(a->data, p, nbytes(a));
+    if (wi.locked) decode_lock(L, r, ai, a);
     return;
   }
   /* memory already mapped here (most often: the same array sent again)
@@ -679,6 +841,7 @@ static void array_decode(lua_State *L, mp_Reader *r) {
     array_release(L, ai, a);
     luaL_error(L, "received shared memory is not the Array it claims to be");
   }
+  if (wi.locked) decode_lock(L, r, ai, a);
 }
 
 static const mp_CodecType array_codec = {ARRAY_T, array_encode, array_decode};
@@ -690,6 +853,7 @@ static const luaL_Reg methods[] = {
   {"fill", m_fill}, {"totable", m_totable}, {"tostring", m_tostring},
   {"copy", m_copy}, {"share_memory", m_share_memory},
   {"is_shared", m_is_shared}, {"ctype", m_ctype}, {"itemsize", m_itemsize},
+  {"get_lock", m_get_lock}, {"get_obj", m_get_obj},
   {"close", m_close}, {NULL, NULL}
 };
 
