@@ -128,3 +128,449 @@ for _, method in ipairs(H.methods) do
     end)
   end)
 end
+
+-- ---------------------------------------------------------------------
+-- Issue 8: the defects first (each failed before), then the features, then
+-- CPython's _TestLock, _TestSemaphore, _TestCondition, _TestEvent,
+-- _TestBarrier, _TestValue and _TestArray translated to this API.
+
+--- One more under the value's own lock (a synchronised Value's RLock).
+local function inc(v)
+  local g <close> = v:get_lock():guard()
+  v.value = v.value + 1
+end
+
+describe("issue 8 defects, in one process:", function()
+  H.leak_check(before_each, after_each)
+
+  it("5: acquire(false) or with a timeout on a lock this process holds returns false", function()
+    for _, make in ipairs { mp.Lock, mp.Condition } do
+      local l <close> = make()
+      assert.is_true(l:acquire())
+      assert.are.same({ false }, { l:acquire(false) })
+      assert.are.same({ false }, { l:acquire(0) })
+      assert.are.same({ false }, { l:acquire(0.01) })
+      assert.are.same({ false }, { l:acquire(true, 0.01) })
+      assert.are.same({ nil, "timeout" }, { l:guard(0.01) })
+      -- an untimed acquire could never return: that still raises
+      assert.matches("already held by this process", select(2, pcall(l.acquire, l)))
+      l:release()
+      assert.is_false(l:locked())
+    end
+  end)
+
+  it("7: a negative timeout is 0 in every wait of sync.c", function()
+    local l <close> = mp.Lock()
+    l:acquire()
+    assert.is_false(l:acquire(-1))
+    assert.are.same({ nil, "timeout" }, { l:guard(-0.5) })
+    l:release()
+    local s <close> = mp.Semaphore(0)
+    assert.is_false(s:acquire(-1))
+    assert.is_false(s:acquire(true, -1))
+    local e <close> = mp.Event()
+    assert.is_false(e:wait(-1))
+    local c <close> = mp.Condition()
+    c:acquire()
+    assert.is_false(c:wait(-1))
+    assert.is_false(c:wait_for(function() return false end, -1))
+    c:release()
+    local b <close> = mp.Barrier(2)
+    assert.are.same({ nil, "timeout" }, { b:wait(-1) })
+    assert.is_true(b.broken)
+    assert.matches("NaN", select(2, pcall(e.wait, e, 0 / 0)))
+    assert.matches("number of seconds expected, got string",
+                   select(2, pcall(e.wait, e, "1")))
+  end)
+
+  it("13: argument errors name Type.method and count as written", function()
+    local l <close> = mp.Lock()
+    local s <close> = mp.Semaphore(1)
+    local e <close> = mp.Event()
+    local b <close> = mp.Barrier(1)
+    local c <close> = mp.Condition()
+    local a <close> = mp.Array("int32", 3)
+    local v <close> = mp.Value("int32", 0)
+    local function err(f, ...) return select(2, pcall(f, ...)) end
+    assert.matches("bad argument #1 to 'Lock.acquire' %(number of seconds expected, got string%)",
+                   err(l.acquire, l, "x"))
+    assert.matches("bad argument #2 to 'Lock.acquire'", err(l.acquire, l, true, "x"))
+    assert.matches("calling 'Lock.acquire' on bad self", err(l.acquire, 5))
+    assert.matches("bad argument #1 to 'Semaphore.release' %(number expected, got string%)",
+                   err(s.release, s, "x"))
+    assert.matches("bad argument #1 to 'Semaphore.release' %(must be a positive count%)",
+                   err(s.release, s, 0))
+    assert.matches("bad argument #1 to 'Event.wait'", err(e.wait, e, {}))
+    assert.matches("bad argument #1 to 'Barrier.wait'", err(b.wait, b, "x"))
+    assert.matches("bad argument #1 to 'Lock.guard'", err(l.guard, l, "x"))
+    c:acquire()
+    assert.matches("bad argument #1 to 'Condition.notify'", err(c.notify, c, "x"))
+    assert.matches("bad argument #1 to 'Condition.wait_for' %(function expected",
+                   err(c.wait_for, c, 5))
+    c:release()
+    assert.matches("bad argument #1 to 'Array.fill' %(expected an integer for int32, got string%)",
+                   err(a.fill, a, "x"))
+    assert.matches("bad argument #1 to 'Value.fill'", err(v.fill, v, {}))
+    assert.matches("bad argument #1 to 'Array.copy' %(Array, string or table expected",
+                   err(a.copy, a, true))
+    assert.matches("bad argument #2 to 'Array.copy' %(destination index",
+                   err(a.copy, a, {}, 9))
+    assert.matches("bad argument #1", err(mp.Semaphore, -1))
+    assert.matches("bad argument #1", err(mp.Barrier, 0))
+    assert.matches("bad argument #2", err(mp.Barrier, 2, 5))
+  end)
+end)
+
+describe("issue 8 features, in one process:", function()
+  H.leak_check(before_each, after_each)
+
+  it("guard: scoped locking for Lock, RLock, Semaphore, BoundedSemaphore, Condition", function()
+    local function held(x)
+      if x.locked then return x:locked() end
+      return x:get_value() == 0
+    end
+    for _, make in ipairs { mp.Lock, mp.RLock, mp.Condition,
+                            function() return mp.Semaphore(1) end,
+                            function() return mp.BoundedSemaphore(1) end } do
+      local x <close> = make()
+      do
+        local g <close> = x:guard()
+        assert.is_true(held(x))
+        assert.matches("multiprocessing.Guard", tostring(g))
+      end
+      assert.is_false(held(x))
+      -- an error leaving the scope releases too
+      assert.is_false(pcall(function()
+        local g <close> = x:guard(5)
+        error("boom")
+      end))
+      assert.is_false(held(x))
+      -- release() early; closing again does nothing
+      local g = x:guard()
+      g:release()
+      assert.is_false(held(x))
+      g:release()
+    end
+  end)
+
+  it("guard: a timed-out guard is nil, \"timeout\" and closing nil is fine", function()
+    local s <close> = mp.Semaphore(0)
+    local ran = false
+    do
+      local g <close>, why = s:guard(0.01)
+      assert.is_nil(g)
+      assert.are.equal("timeout", why)
+      ran = true
+    end
+    assert.is_true(ran)
+    assert.are.equal(0, s:get_value())
+  end)
+
+  it("guard: an RLock's guards nest", function()
+    local r <close> = mp.RLock()
+    local g1 <close> = r:guard()
+    do
+      local g2 <close> = r:guard(0)
+      assert.is_truthy(g2)
+    end
+    assert.is_true(r:locked())
+  end)
+
+  it("local l <close> = lock closes the lock itself", function()
+    local keep
+    do
+      local l <close> = mp.Lock()
+      l:acquire()
+      keep = l
+    end
+    assert.matches("closed", tostring(keep))
+    assert.matches("closed", select(2, pcall(keep.acquire, keep)))
+  end)
+
+  it("BoundedSemaphore: release above the initial value raises; Semaphore's does not", function()
+    local b <close> = mp.BoundedSemaphore(2)
+    assert.is_true(b:acquire())
+    b:release()
+    assert.matches("BoundedSemaphore.release: released too many times",
+                   select(2, pcall(b.release, b)))
+    assert.are.equal(2, b:get_value())
+    assert.is_true(b:acquire(0) and b:acquire(0))
+    assert.is_false(b:acquire(0))
+    assert.matches("released too many", select(2, pcall(b.release, b, 3)))
+    b:release(2)
+    local s <close> = mp.Semaphore(2)
+    s:release()
+    assert.are.equal(3, s:get_value())
+  end)
+
+  it("Condition: notify and notify_all without the lock raise", function()
+    local c <close> = mp.Condition()
+    assert.matches("Condition.notify: the lock is not held", select(2, pcall(c.notify, c)))
+    assert.matches("Condition.notify_all: the lock is not held", select(2, pcall(c.notify_all, c)))
+    assert.matches("Condition.wait: the lock is not held", select(2, pcall(c.wait, c, 0)))
+    c:acquire()
+    c:notify()
+    c:notify(3)
+    c:notify_all()
+    c:release()
+  end)
+
+  it("Condition:wait_for returns the predicate's result", function()
+    local c <close> = mp.Condition()
+    c:acquire()
+    local calls = 0
+    assert.are.equal(42, c:wait_for(function() calls = calls + 1; return 42 end))
+    assert.are.equal(1, calls)
+    assert.is_false(c:wait_for(function() return false end, 0.05))
+    assert.is_nil(c:wait_for(function() return nil end, 0))
+    assert.matches("boom", select(2, pcall(c.wait_for, c, function() error("boom") end)))
+    assert.is_true(c:locked())
+    c:release()
+  end)
+
+  it("Barrier(parties, action, timeout): action, default timeout, abort, reset", function()
+    local runs = 0
+    local b <close> = mp.Barrier(1, function() runs = runs + 1 end)
+    assert.are.equal(0, b:wait())
+    assert.are.equal(0, b:wait())
+    assert.are.equal(2, runs)
+    local t <close> = mp.Barrier(2, nil, 0.05)
+    assert.are.equal(0.05, t.timeout)
+    assert.are.same({ nil, "timeout" }, { t:wait() })
+    assert.is_true(t.broken)
+    assert.are.same({ nil, "broken" }, { t:wait(1) })
+    t:reset()
+    assert.is_false(t.broken)
+    assert.are.equal(0, t.n_waiting)
+    t:abort()
+    assert.is_true(t.broken)
+    assert.are.same({ nil, "broken" }, { t:wait(0) })
+    -- an action that fails breaks the barrier and raises in its runner
+    local f <close> = mp.Barrier(1, function() error("boom") end)
+    assert.matches("boom", select(2, pcall(f.wait, f)))
+    assert.is_true(f.broken)
+  end)
+
+  it("synchronised Value and Array: get_lock, get_obj, lock = false, a given lock", function()
+    local v <close> = mp.Value("int32", 5)
+    assert.matches("^multiprocessing.RLock", tostring(v:get_lock()))
+    local o <close> = v:get_obj()
+    o.value = 7
+    assert.are.equal(7, v.value)
+    assert.is_nil(o.get_lock)
+    local raw <close> = mp.Value("int32", 5, { lock = false })
+    assert.is_nil(raw.get_lock)
+    assert.is_nil(raw.get_obj)
+    assert.matches("attempt to call a nil value %(method 'get_lock'%)",
+                   select(2, pcall(function() return raw:get_lock() end)))
+    local l <close> = mp.Lock()
+    local a <close> = mp.Array("int32", { 1, 2, 3 }, { lock = l })
+    assert.are.equal(l, a:get_lock())
+    -- the lock is held around each access: a Lock this process holds is
+    -- not taken again (no self-deadlock)
+    l:acquire()
+    a[1] = 9
+    assert.are.same({ 9, 2, 3 }, a:totable())
+    l:release()
+    assert.are.same({ 9, 2, 3 }, a:get_obj():totable())
+    for _, bad in ipairs { "yes", 1, {}, mp.Semaphore } do
+      assert.matches("lock must be true, false, a Lock or an RLock",
+                     select(2, pcall(mp.Value, "int32", 0, { lock = bad })))
+      assert.matches("lock must be true, false, a Lock or an RLock",
+                     select(2, pcall(mp.Array, "int32", 2, { lock = bad })))
+    end
+    assert.matches("private", select(2, pcall(mp.Array, "int8", 2, { shared = false, lock = true })))
+    local p <close> = mp.Array("int8", 2, { shared = false })
+    assert.is_nil(p.get_lock)
+    local r <close> = mp.RLock()
+    local w <close> = mp.Value("double", 1.5, { lock = r })
+    local g <close> = r:guard()
+    w.value = w.value * 2           -- an RLock nests
+    assert.are.equal(3.0, w.value)
+  end)
+end)
+
+for _, method in ipairs(H.methods) do
+  describe("issue 8 across processes, " .. method .. ":", function()
+    H.leak_check(before_each, after_each)
+
+    it("1: Condition:notify(n) wakes n waiters, not all", function()
+      local c <close> = mp.Condition()
+      local sleeping <close> = mp.Semaphore(0)
+      local woken <close> = mp.Semaphore(0)
+      local ctx = mp.start_processes(function(_, cv, sl, wk)
+        cv:acquire()
+        sl:release()
+        assert(cv:wait(60), "not notified")
+        wk:release()
+        cv:release()
+      end, { c, sleeping, woken }, 4, false, false, method)
+      for _ = 1, 4 do assert.is_true(sleeping:acquire(60)) end
+      -- holding the lock means every waiter is inside wait()
+      c:acquire()
+      assert.are.equal(0, woken:get_value())
+      c:notify(1)
+      c:release()
+      assert.is_true(woken:acquire(60))
+      os.execute("sleep 0.2")         -- room for a wrong wake-up to show
+      assert.are.equal(0, woken:get_value())
+      c:acquire(); c:notify(2); c:release()
+      assert.is_true(woken:acquire(60) and woken:acquire(60))
+      os.execute("sleep 0.2")
+      assert.are.equal(0, woken:get_value())
+      c:acquire(); c:notify(5); c:release()     -- only one is left
+      assert.is_true(woken:acquire(60))
+      c:acquire(); c:notify_all(); c:release()  -- nobody waits: nothing
+      assert.is_true(ctx:join(60))
+      assert.are.equal(0, woken:get_value())
+    end)
+
+    it("2: Barrier:reset() with parties waiting breaks each of them, then it works again", function()
+      local b <close> = mp.Barrier(3)
+      local q <close> = mp.Queue()
+      local ctx = mp.start_processes(function(_, bar, qq)
+        for _ = 1, 3 do
+          qq:put({ bar:wait(60) })   -- broken by the parent's reset
+          qq:put({ bar:wait(60) })   -- passes, with the parent
+        end
+      end, { b, q }, 2, false, false, method)
+      for _ = 1, 3 do
+        assert.is_truthy(H.eventually(function() return b.n_waiting == 2 end, 60))
+        b:reset()
+        assert.are.same({ nil, "broken" }, q:get(60))
+        assert.are.same({ nil, "broken" }, q:get(60))
+        assert.is_false(b.broken)
+        local got = { b:wait(60), q:get(60)[1], q:get(60)[1] }
+        table.sort(got)
+        assert.are.same({ 0, 1, 2 }, got)
+      end
+      assert.is_true(ctx:join(60))
+    end)
+
+    it("Barrier action runs in exactly one process per trip", function()
+      local runs <close> = mp.Value("int32", 0)
+      local b <close> = mp.Barrier(3, function() inc(runs) end)
+      mp.start_processes(function(_, bar)
+        for _ = 1, 5 do assert(bar:wait(60)) end
+      end, { b }, 3, true, false, method)
+      assert.are.equal(5, runs.value)
+    end)
+
+    it("Barrier default timeout: the one party that came gets nil, \"timeout\"", function()
+      local b <close> = mp.Barrier(2, nil, 0.1)
+      local q <close> = mp.Queue()
+      mp.start_processes(function(_, bar, qq) qq:put({ bar:wait() }) end,
+                         { b, q }, 1, true, false, method)
+      assert.are.same({ nil, "timeout" }, q:get(10))
+      assert.is_true(b.broken)
+    end)
+
+    it("guard, synchronised Value and Array cross processes with their lock", function()
+      local l <close> = mp.Lock()
+      local v <close> = mp.Value("int64", 0)
+      local a <close> = mp.Array("int64", 2, { lock = l })
+      mp.start_processes(function(_, lk, val, arr)
+        assert(arr:get_lock() == lk or tostring(arr:get_lock()):match("Lock"))
+        for _ = 1, 500 do
+          do
+            local g <close> = lk:guard()
+            arr[1] = arr[1] + 1
+          end
+          local g <close> = val:get_lock():guard()
+          val.value = val.value + 1
+        end
+      end, { l, v, a }, 3, true, false, method)
+      assert.are.equal(1500, v.value)
+      assert.are.equal(1500, a[1])
+    end)
+
+    it("256 workers share one Lock and one Barrier", function()
+      local n = 256
+      local l <close> = mp.Lock()
+      local b <close> = mp.Barrier(n)
+      local v <close> = mp.Value("int64", 0, { lock = false })
+      mp.start_processes(function(_, lk, bar, val)
+        assert(bar:wait(300))
+        for _ = 1, 4 do
+          local g <close> = lk:guard()
+          val.value = val.value + 1
+        end
+        assert(bar:wait(300))
+      end, { l, b, v }, n, true, false, method)
+      assert.are.equal(4 * n, v.value)
+    end)
+  end)
+end
+
+describe("issue 8 defect 6: Ctrl-C in a wait inside a pcall arrives once", function()
+  -- Each case runs in a child lua5.4 (whose lua.c turns SIGINT into a hook):
+  -- pcall catches the interrupt; the hook must not raise 'interrupted!'
+  -- again at the next instruction.  The SIGINT comes from a helper started
+  -- inside the pcall, so that one arriving early is caught by it too.
+  local cases = {
+    ["Event.wait"] = [[local e = mp.Event()
+      return function() return e:wait(60) end]],
+    ["Condition.wait"] = [[local c = mp.Condition(); c:acquire()
+      return function() return c:wait(60) end, function() c:release() end]],
+    ["Condition.wait_for"] = [[local c = mp.Condition(); c:acquire()
+      return function() return c:wait_for(function() end, 60) end,
+             function() c:release() end]],
+    ["Semaphore.acquire"] = [[local s = mp.Semaphore(0)
+      return function() return s:acquire(60) end]],
+    ["Barrier.wait"] = [[local b = mp.Barrier(2)
+      return function() return b:wait(60) end,
+             function() assert(b.broken) end]],
+    ["Lock.acquire"] = [[local l, e = mp.Lock(), mp.Event()
+      local ctx = mp.start_processes(function(_, lk, ev)
+        lk:acquire(); ev:wait(60)
+      end, { l, e }, 1, false, false, "fork")
+      while not l:locked() do end
+      return function() return l:acquire(60) end,
+             function() e:set(); assert(ctx:join(60)) end]],
+  }
+  for name, setup in pairs(cases) do
+    it(name, function()
+      local out = os.tmpname()
+      local script = H.script(([[
+        local mp = require "multiprocessing"
+        local pid = io.open("/proc/self/stat"):read("a"):match("^(%%d+)")
+        local wait, after = (function() %s end)()
+        local ok, err = pcall(function()
+          os.execute("(sleep 0.3; kill -INT " .. pid .. ") &")
+          return wait()
+        end)
+        print("caught", ok, err)
+        local x = 0
+        for i = 1, 100000 do x = x + i end   -- a second interrupt would come here
+        if after then after() end
+        print("survived", x)
+      ]]):format(setup))
+      local ok = os.execute("lua5.4 " .. script .. " > " .. out .. " 2>&1")
+      local text = H.read(out)
+      os.remove(out)
+      os.remove(script)
+      assert.is_true(ok, text)
+      assert.matches("caught\tfalse\t[^\n]*interrupted", text)
+      assert.matches("survived\t5000050000", text)
+    end)
+  end
+
+  it("in the REPL: the prompt's next line runs", function()
+    local input = os.tmpname()
+    local f = assert(io.open(input, "w"))
+    f:write(H.PATHS,
+      "mp = require 'multiprocessing'; e = mp.Event()\n",
+      "pid = io.open('/proc/self/stat'):read('a'):match('^%d+')\n",
+      "print('got', pcall(function() os.execute('(sleep 0.3; kill -INT ' .. pid .. ') &'); return e:wait(60) end)); print('same line runs')\n",
+      "print('next line runs')\n")
+    f:close()
+    local repl = io.popen("lua5.4 -i < " .. input .. " 2>&1")
+    local out = repl:read("a")
+    repl:close()
+    os.remove(input)
+    assert.matches("got\tfalse\t[^\n]*interrupted", out)
+    assert.truthy(out:find("same line runs", 1, true), out)
+    assert.truthy(out:find("next line runs", 1, true), out)
+    assert.is_falsy(out:find("interrupted!", 1, true), out)
+  end)
+end)

@@ -822,7 +822,7 @@ static const luaL_Reg lock_methods[] = {
 };
 static const luaL_Reg cond_methods[] = {
   {"acquire", m_acquire}, {"release", m_release}, {"guard", m_guard},
-  {"wait", cond_wait}, {"wait_for", cond_wait_pred},
+  {"locked", lock_locked}, {"wait", cond_wait}, {"wait_for", cond_wait_pred},
   {"notify", cond_notify}, {"notify_all", cond_notify_all},
   {"close", sync_gc}, {NULL, NULL}
 };
