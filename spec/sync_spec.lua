@@ -574,3 +574,362 @@ describe("issue 8 defect 6: Ctrl-C in a wait inside a pcall arrives once", funct
     assert.is_falsy(out:find("interrupted!", 1, true), out)
   end)
 end)
+
+-- ---------------------------------------------------------------------
+-- CPython's Lib/test/_test_multiprocessing.py, translated: Python's
+-- BrokenBarrierError is nil, "broken" (nil, "timeout" for the party whose
+-- own timeout broke the barrier); list counters are synchronised Values;
+-- time.sleep(...)-then-act becomes waiting for the state to be reached.
+
+describe("CPython _TestLock, _TestSemaphore, _TestEvent, _TestValue, _TestArray (one process):", function()
+  H.leak_check(before_each, after_each)
+
+  it("test_lock, test_rlock, test_lock_context", function()
+    local lock <close> = mp.Lock()
+    assert.is_true(lock:acquire())
+    assert.is_false(lock:acquire(false))
+    assert.are.same({}, { lock:release() })
+    assert.has_error(function() lock:release() end)
+    local r <close> = mp.RLock()
+    for _ = 1, 3 do assert.is_true(r:acquire()) end
+    for _ = 1, 3 do assert.are.same({}, { r:release() }) end
+    assert.has_error(function() r:release() end)
+    do local g <close> = lock:guard() end
+    assert.is_false(lock:locked())
+  end)
+
+  local function semaphore_steps(sem)
+    assert.are.equal(2, sem:get_value())
+    assert.is_true(sem:acquire())
+    assert.are.equal(1, sem:get_value())
+    assert.is_true(sem:acquire())
+    assert.are.equal(0, sem:get_value())
+    assert.is_false(sem:acquire(false))
+    assert.are.equal(0, sem:get_value())
+    assert.are.same({}, { sem:release() })
+    assert.are.equal(1, sem:get_value())
+    sem:release()
+    assert.are.equal(2, sem:get_value())
+  end
+
+  it("test_semaphore, test_bounded_semaphore, test_timeout", function()
+    local sem <close> = mp.Semaphore(2)
+    semaphore_steps(sem)
+    sem:release()
+    assert.are.equal(3, sem:get_value())
+    sem:release()
+    assert.are.equal(4, sem:get_value())
+    local b <close> = mp.BoundedSemaphore(2)
+    semaphore_steps(b)
+    assert.has_error(function() b:release() end)
+    assert.are.equal(2, b:get_value())
+    local z <close> = mp.Semaphore(0)
+    assert.is_false(z:acquire(false))
+    assert.is_false(z:acquire(false, nil))
+    assert.is_false(z:acquire(false, 0.1))
+    assert.is_false(z:acquire(true, 0.1))
+    assert.is_false(z:acquire(0.1))
+  end)
+
+  it("test_getobj_getlock (Value) and test_getobj_getlock_obj (Array)", function()
+    for _, make in ipairs {
+      function(opts) return mp.Value("int32", 5, opts) end,
+      function(opts) return mp.Array("int32", { 0, 1, 2, 3 }, opts) end,
+    } do
+      local x1 <close> = make()
+      assert.is_truthy(x1:get_lock())
+      assert.is_truthy(x1:get_obj())
+      local x2 <close> = make({ lock = nil })
+      assert.is_truthy(x2:get_lock() and x2:get_obj())
+      local lock <close> = mp.Lock()
+      local x3 <close> = make({ lock = lock })
+      assert.are.equal(lock, x3:get_lock())
+      assert.is_truthy(x3:get_obj())
+      local x4 <close> = make({ lock = false })
+      assert.is_nil(x4.get_lock)
+      assert.is_nil(x4.get_obj)
+      assert.has_error(function() make({ lock = "notalock" }) end)
+    end
+  end)
+
+  it("test_array_from_size: new arrays are zeroed", function()
+    for _ = 1, 3 do
+      local arr <close> = mp.Array("i", 10)
+      assert.are.equal(10, #arr)
+      assert.are.same({ 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }, arr:totable())
+      arr:copy({ 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 })
+      assert.are.same({ 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 }, arr:totable())
+    end
+  end)
+end)
+
+for _, method in ipairs(H.methods) do
+  describe("CPython _TestCondition, _TestEvent, _TestBarrier, _TestValue, _TestArray, " .. method .. ":", function()
+    H.leak_check(before_each, after_each)
+
+    local function run(fn, args, n)
+      return mp.start_processes(fn, args, n, false, false, method)
+    end
+
+    it("_TestCondition.test_notify: one of two sleepers", function()
+      local cond <close> = mp.Condition()
+      local sleeping <close> = mp.Semaphore(0)
+      local woken <close> = mp.Semaphore(0)
+      local ctx = run(function(_, c, s, w)
+        local g <close> = c:guard()
+        s:release()
+        c:wait()
+        w:release()
+      end, { cond, sleeping, woken }, 2)
+      assert.is_true(sleeping:acquire(60) and sleeping:acquire(60))
+      do local g <close> = cond:guard(); cond:notify() end
+      assert.is_true(woken:acquire(60))
+      os.execute("sleep 0.2")
+      assert.are.equal(0, woken:get_value())
+      do local g <close> = cond:guard(); cond:notify() end
+      assert.is_true(woken:acquire(60))
+      assert.is_true(ctx:join(60))
+    end)
+
+    it("_TestCondition.test_notify_all: timed-out sleepers do not take notifications", function()
+      local cond <close> = mp.Condition()
+      local sleeping <close> = mp.Semaphore(0)
+      local woken <close> = mp.Semaphore(0)
+      local timedout <close> = mp.Semaphore(0)
+      -- ranks 0-2 wait 0.05 s (and time out: nobody notifies yet), 3-5 wait
+      local ctx = run(function(i, c, s, w, t)
+        local g <close> = c:guard()
+        s:release()
+        if i < 3 then
+          if not c:wait(0.05) then t:release() end
+        else
+          c:wait()
+          w:release()
+        end
+      end, { cond, sleeping, woken, timedout }, 6)
+      for _ = 1, 6 do assert.is_true(sleeping:acquire(60)) end
+      for _ = 1, 3 do assert.is_true(timedout:acquire(60)) end
+      assert.are.equal(0, woken:get_value())
+      do local g <close> = cond:guard(); cond:notify_all() end
+      for _ = 1, 3 do assert.is_true(woken:acquire(60)) end
+      assert.is_true(ctx:join(60))
+    end)
+
+    it("_TestCondition.test_waitfor", function()
+      local cond <close> = mp.Condition()
+      local state <close> = mp.Value("i", -1)
+      local ctx = run(function(_, c, st)
+        local g <close> = c:guard()
+        st.value = 0
+        c:notify()
+        local result = c:wait_for(function() return st.value == 4 end)
+        assert(result and st.value == 4)
+      end, { cond, state }, 1)
+      do
+        local g <close> = cond:guard()
+        assert.is_true(cond:wait_for(function() return state.value == 0 end, 60))
+        assert.are.equal(0, state.value)
+      end
+      for _ = 1, 4 do
+        local g <close> = cond:guard()
+        state.value = state.value + 1
+        cond:notify()
+      end
+      assert.is_true(ctx:join(60))
+    end)
+
+    it("_TestCondition.test_waitfor_timeout", function()
+      local cond <close> = mp.Condition()
+      local state <close> = mp.Value("i", 0)
+      local success <close> = mp.Value("i", 0)
+      local sem <close> = mp.Semaphore(0)
+      local ctx = run(function(_, c, st, ok, s)
+        s:release()
+        local g <close> = c:guard()
+        if not c:wait_for(function() return st.value == 4 end, 0.1) then
+          ok.value = 1
+        end
+      end, { cond, state, success, sem }, 1)
+      assert.is_true(sem:acquire(60))
+      for _ = 1, 4 do            -- notified, but never true in time
+        local g <close> = cond:guard()
+        cond:notify()
+      end
+      assert.is_true(ctx:join(60))
+      assert.are.equal(1, success.value)
+    end)
+
+    it("_TestCondition.test_wait_result", function()
+      local c <close> = mp.Condition()
+      local g <close> = c:guard()
+      assert.is_false(c:wait(0))
+      assert.is_false(c:wait(0.1))
+      local ctx = run(function(_, cv)
+        local h <close> = cv:guard()
+        cv:notify()
+      end, { c }, 1)
+      assert.is_true(c:wait(60))
+      assert.is_true(ctx:join(60))
+    end)
+
+    it("_TestEvent.test_event", function()
+      local event <close> = mp.Event()
+      assert.is_false(event:is_set())
+      assert.is_false(event:wait(0))
+      assert.is_false(event:wait(0.1))
+      event:set()
+      assert.is_true(event:is_set())
+      assert.is_true(event:wait())
+      assert.is_true(event:wait(0.1))
+      event:clear()
+      assert.is_false(event:is_set())
+      local ctx = run(function(_, e) e:set() end, { event }, 1)
+      assert.is_true(event:wait())
+      assert.is_true(ctx:join(60))
+    end)
+
+    it("_TestValue.test_value and _TestArray.test_array", function()
+      local codes = { { "i", 4343, 24234 }, { "d", 3.625, -4.25 },
+                      { "h", -232, 234 }, { "q", 2 ^ 33 // 1, 2 ^ 34 // 1 },
+                      { "c", "x", "y" } }
+      for _, raw in ipairs { false, true } do
+        local values = {}
+        for k, c in ipairs(codes) do
+          values[k] = mp.Value(c[1], c[2], { lock = not raw })
+          assert.are.equal(c[2], values[k].value)
+        end
+        local seq = { 680, 626, 934, 821, 150, 233, 548, 982, 714, 831 }
+        local arr <close> = mp.Array("i", seq, { lock = not raw })
+        assert.are.equal(#seq, #arr)
+        assert.are.equal(seq[4], arr[4])
+        arr:copy({ 1, 2, 3, 4 }, 5)
+        seq[5], seq[6], seq[7], seq[8] = 1, 2, 3, 4
+        assert.are.same(seq, arr:totable())
+        for k = 2, #seq do seq[k] = seq[k] + seq[k - 1] end
+        run(function(_, vals, cs, a)
+          for k, c in ipairs(cs) do vals[k].value = c[3] end
+          for k = 2, #a do a[k] = a[k] + a[k - 1] end
+        end, { values, codes, arr }, 1):join(60)
+        for k, c in ipairs(codes) do
+          assert.are.equal(c[3], values[k].value)
+          values[k]:close()
+        end
+        assert.are.same(seq, arr:totable())
+      end
+    end)
+
+    local N = 4
+
+    --- Runs f(barrier-args...) in N workers and joins them.
+    local function run_parties(fn, args)
+      assert.is_true(run(fn, args, N):join(120))
+    end
+
+    it("_TestBarrier.test_barrier, test_wait_return, test_single_thread", function()
+      local b <close> = mp.Barrier(N)
+      local q <close> = mp.Queue()
+      run_parties(function(_, bar, qq)
+        for pass = 1, 3 do qq:put({ pass, bar:wait(60) }) end
+      end, { b, q })
+      local zeros, seen = 0, {}
+      for _ = 1, 3 * N do
+        local r = q:get(10)
+        seen[r[1]] = (seen[r[1]] or 0) + 1
+        if r[2] == 0 then zeros = zeros + 1 end
+      end
+      assert.are.same({ N, N, N }, seen)
+      assert.are.equal(3, zeros)
+      local one <close> = mp.Barrier(1)
+      for _ = 1, 3 do assert.are.equal(0, one:wait()) end
+    end)
+
+    it("_TestBarrier.test_action", function()
+      local results <close> = mp.Value("i", 0)
+      local b <close> = mp.Barrier(N, function() inc(results) end)
+      run_parties(function(_, bar) bar:wait(60) end, { b })
+      assert.are.equal(1, results.value)
+    end)
+
+    it("_TestBarrier.test_abort", function()
+      local b <close> = mp.Barrier(N)
+      local r1 <close> = mp.Value("i", 0)
+      local r2 <close> = mp.Value("i", 0)
+      run_parties(function(_, bar, res1, res2)
+        local i = bar:wait(60)
+        if i == N // 2 then
+          bar:abort()                   -- the "RuntimeError" party
+        elseif bar:wait(60) then
+          inc(res1)
+        else
+          inc(res2)
+        end
+      end, { b, r1, r2 })
+      assert.are.equal(0, r1.value)
+      assert.are.equal(N - 1, r2.value)
+      assert.is_true(b.broken)
+    end)
+
+    it("_TestBarrier.test_reset", function()
+      local b <close> = mp.Barrier(N)
+      local r1 <close> = mp.Value("i", 0)
+      local r2 <close> = mp.Value("i", 0)
+      local r3 <close> = mp.Value("i", 0)
+      run_parties(function(_, bar, res1, res2, res3)
+        local i = bar:wait(60)
+        if i == N // 2 then
+          while bar.n_waiting < N - 1 do os.execute("sleep 0.001") end
+          bar:reset()
+        elseif bar:wait(60) then
+          inc(res1)
+        else
+          inc(res2)
+        end
+        assert(bar:wait(60))            -- and pass it again
+        inc(res3)
+      end, { b, r1, r2, r3 })
+      assert.are.same({ 0, N - 1, N }, { r1.value, r2.value, r3.value })
+    end)
+
+    it("_TestBarrier.test_abort_and_reset", function()
+      local b <close> = mp.Barrier(N)
+      local b2 <close> = mp.Barrier(N)
+      local r1 <close> = mp.Value("i", 0)
+      local r2 <close> = mp.Value("i", 0)
+      local r3 <close> = mp.Value("i", 0)
+      run_parties(function(_, bar, bar2, res1, res2, res3)
+        local i = bar:wait(60)
+        if i == N // 2 then
+          bar:abort()
+        elseif bar:wait(60) then
+          inc(res1)
+        else
+          inc(res2)
+        end
+        -- everyone has left it before the reset, nobody enters before
+        if bar2:wait(60) == N // 2 then bar:reset() end
+        assert(bar2:wait(60))
+        assert(bar:wait(60))
+        inc(res3)
+      end, { b, b2, r1, r2, r3 })
+      assert.are.same({ 0, N - 1, N }, { r1.value, r2.value, r3.value })
+    end)
+
+    it("_TestBarrier.test_timeout and test_default_timeout", function()
+      for _, default in ipairs { false, true } do
+        local b <close> = mp.Barrier(N, nil, default and 0.2 or nil)
+        local results <close> = mp.Value("i", 0)
+        run_parties(function(_, bar, res, dflt)
+          local i = bar:wait(60)
+          -- one party is late: it comes once the others' timeout broke it
+          if i == N // 2 then
+            while not bar.broken do os.execute("sleep 0.01") end
+          end
+          local ok, why
+          if dflt then ok, why = bar:wait() else ok, why = bar:wait(0.2) end
+          if not ok and (why == "broken" or why == "timeout") then inc(res) end
+        end, { b, results, default })
+        assert.are.equal(N, results.value)
+      end
+    end)
+  end)
+end

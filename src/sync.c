@@ -19,10 +19,10 @@
 **
 ** Condition and Barrier keep their state in the page under the object's
 ** own robust mutex and sleep on its 'seq' word with the mutex released:
-**   Condition: 'sleeping' waiters not yet notified, 'tickets' notifications
-**     not yet taken.  notify(n) moves min(n, sleeping) from one to the
-**     other and wakes that many; a waiter returns true only by taking a
-**     ticket, so notify(n) wakes exactly n (or all there are).
+**   Condition: a slot per waiter, with its ticket (order of arrival) and
+**     its own futex word.  notify(n) marks the n oldest waiting slots
+**     notified and wakes each: exactly n waiters that were waiting then
+**     (or all there are), never one that came later or the same one twice.
 **   Barrier: Python's threading.Barrier -- 'count' parties inside wait and
 **     a 'state' (filling, draining, resetting, broken); the party that
 **     fills it runs the action, then lets the others drain.
@@ -30,6 +30,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -136,8 +137,8 @@ typedef struct SyncHdr {
   uint32_t seq;          /* futex word: bumped by every change (mp_wake) */
   uint32_t waiters;      /* sleepers on seq */
   uint32_t died;         /* Lock: owner death seen by a probe, not yet told */
-  uint32_t sleeping;     /* Condition, under m: waiters not yet notified */
-  uint32_t tickets;      /* Condition, under m: notifications not taken */
+  uint32_t tickets;      /* Condition, under m: the next waiter's ticket */
+  uint32_t hi;           /* Condition, under m: slots in use are below */
   uint32_t parties;      /* Barrier */
   uint32_t count;        /* Barrier, under m: parties inside wait */
   int32_t state;         /* Barrier, under m: B_* */
@@ -147,6 +148,15 @@ typedef struct SyncHdr {
 /* Uservalues: 1 the mapping (mp_Map, shared by the objects of a process
 ** on the same page, so a lock received again costs no descriptor and no
 ** mmap), 2 a Barrier's action. */
+/* A Condition's waiter, in the slots that follow the header. */
+enum { SLOT_FREE, SLOT_WAITING, SLOT_NOTIFIED };
+typedef struct CondSlot {
+  uint32_t state;        /* SLOT_*: the waiter's futex word */
+  uint32_t ticket;       /* order of arrival */
+  int32_t pid;
+  uint32_t pad;
+} CondSlot;
+
 typedef struct Sync {
   mp_Map *map;           /* NULL once closed */
   int kind;
@@ -156,6 +166,13 @@ typedef struct Sync {
 } Sync;
 
 #define SYNC_SIZE 4096
+#define COND_SIZE 65536        /* pages never touched cost nothing */
+#define COND_SLOTS_AT 256
+#define COND_NSLOTS ((int)((COND_SIZE - COND_SLOTS_AT) / sizeof(CondSlot)))
+
+static size_t sync_size(int kind) {
+  return kind == K_COND ? COND_SIZE : SYNC_SIZE;
+}
 
 static SyncHdr *hdr_of(Sync *s) { return (SyncHdr *)(void *)s->map->seg.base; }
 
@@ -202,7 +219,7 @@ static Sync *createsync(lua_State *L, int kind) {
   Sync *s;
   SyncHdr *h;
   int e;
-  mp_map_create(L, SYNC_SIZE, MP_SEG_FD);                    /* map */
+  mp_map_create(L, sync_size(kind), MP_SEG_FD);              /* map */
   s = newsync(L, kind);                                      /* s */
   h = hdr_of(s);
   h->magic = SYNC_MAGIC;
@@ -471,49 +488,32 @@ static int ev_wait(lua_State *L) {
 /* ------------------------------------------------------------------ */
 /* sleeping with the mutex released (Condition, Barrier)              */
 
-typedef struct Unlocked {
-  SyncHdr *h;
-  uint32_t seq;          /* seq when the mutex was released */
-} Unlocked;
-
-static int seq_moved(void *arg) {
-  Unlocked *u = (Unlocked *)arg;
-  return __atomic_load_n(&u->h->seq, __ATOMIC_ACQUIRE) != u->seq;
-}
-
-static int has_ticket(void *arg) {
-  Unlocked *u = (Unlocked *)arg;
-  return __atomic_load_n(&u->h->tickets, __ATOMIC_ACQUIRE) != 0;
-}
-
-/* Called holding h->m: releases it, waits (until ready(u) with u->seq the
-** seq of now, the deadline, or Ctrl-C), and takes it back whatever
-** happened -- not interruptibly, as Python's Condition.wait.  Returns
-** mp_wait_for's status; MP_OWNERDEAD from the relock is MP_OK's caller's
-** business: *died is set. */
-static int sleep_unlocked(SyncHdr *h, mp_Wait *w, int (*ready)(void *),
+/* Called holding h->m: releases it, waits for 'on' (mp_wait_for), and
+** takes it back whatever happened -- not interruptibly, as Python's
+** Condition.wait.  Returns mp_wait_for's status; *died is set when the
+** relock found the previous owner dead. */
+static int sleep_unlocked(SyncHdr *h, mp_Wait *w, const mp_Waitable *on,
                           int *died) {
-  Unlocked u;
-  mp_Waitable on;
   mp_Wait relock;
-  int st, r;
-  u.h = h;
-  u.seq = __atomic_load_n(&h->seq, __ATOMIC_ACQUIRE);
-  on.word = &h->seq;
-  on.waiters = &h->waiters;
-  on.ready = ready;
-  on.check = NULL;
-  on.arg = &u;
+  int st;
   pthread_mutex_unlock(&h->m);
-  st = mp_wait_for(w, &on);
+  st = mp_wait_for(w, on);
   mp_wait_init(&relock, NULL, -1);
-  r = mp_mutex_lock(&h->m, &relock);
-  if (r == MP_OWNERDEAD) *died = 1;
+  if (mp_mutex_lock(&h->m, &relock) == MP_OWNERDEAD) *died = 1;
   return st;
 }
 
 /* ------------------------------------------------------------------ */
-/* Condition                                                           */
+/* Condition: one slot per waiter, notified oldest first               */
+
+static CondSlot *cond_slots(SyncHdr *h) {
+  return (CondSlot *)(void *)((unsigned char *)h + COND_SLOTS_AT);
+}
+
+static int slot_notified(void *arg) {
+  return __atomic_load_n(&((CondSlot *)arg)->state, __ATOMIC_ACQUIRE) ==
+         SLOT_NOTIFIED;
+}
 
 static Sync *held_cond(lua_State *L) {
   Sync *s = tosync(L, 1, K_COND);
@@ -523,28 +523,63 @@ static Sync *held_cond(lua_State *L) {
   return s;
 }
 
+/* Under the mutex: notifies up to n waiters, oldest first, and returns
+** how many.  A waiter whose process is gone gets no notification: its
+** slot is freed instead. */
+static uint32_t cond_notify_slots(SyncHdr *h, uint32_t n) {
+  CondSlot *slot = cond_slots(h);
+  uint32_t done = 0;
+  while (done < n) {
+    CondSlot *oldest = NULL;
+    uint32_t i;
+    for (i = 0; i < h->hi; i++)
+      if (slot[i].state == SLOT_WAITING &&
+          (oldest == NULL || (int32_t)(slot[i].ticket - oldest->ticket) < 0))
+        oldest = &slot[i];
+    if (oldest == NULL) break;
+    if (kill(oldest->pid, 0) != 0 && errno == ESRCH) {
+      __atomic_store_n(&oldest->state, SLOT_FREE, __ATOMIC_RELEASE);
+      continue;
+    }
+    __atomic_store_n(&oldest->state, SLOT_NOTIFIED, __ATOMIC_RELEASE);
+    mp_futex_wake(&oldest->state, 1);
+    done++;
+  }
+  return done;
+}
+
 /* Waits on the held condition s up to t seconds: 1 notified, 0 not. */
 static int cond_wait_for(lua_State *L, Sync *s, double t) {
   SyncHdr *h = hdr_of(s);
+  CondSlot *slot = cond_slots(h), *mine = NULL;
+  mp_Waitable on;
   mp_Wait w;
-  int st, died = 0;
+  uint32_t i;
+  int st, died = 0, notified;
+  for (i = 0; i < COND_NSLOTS && mine == NULL; i++)
+    if (slot[i].state == SLOT_FREE) mine = &slot[i];
+  if (mine == NULL)
+    return luaL_error(L, "%s: more than %d processes waiting",
+                      method_name(L), COND_NSLOTS);
+  if ((uint32_t)(mine - slot) >= h->hi) h->hi = (uint32_t)(mine - slot) + 1;
+  mine->ticket = h->tickets++;
+  mine->pid = (int32_t)getpid();
+  __atomic_store_n(&mine->state, SLOT_WAITING, __ATOMIC_RELEASE);
+  on.word = &mine->state;
+  on.waiters = NULL;
+  on.ready = slot_notified;
+  on.check = NULL;
+  on.arg = mine;
   mp_wait_init(&w, L, t);
-  h->sleeping++;
-  for (;;) {
-    st = sleep_unlocked(h, &w, has_ticket, &died);
-    if (h->tickets > 0 && st != MP_INTERRUPT) {
-      __atomic_sub_fetch(&h->tickets, 1, __ATOMIC_ACQ_REL);
-      return 1;
-    }
-    if (st == MP_OK) continue;          /* another waiter took the ticket */
-    break;
+  w.spins = 0;
+  st = sleep_unlocked(h, &w, &on, &died);
+  notified = mine->state == SLOT_NOTIFIED;
+  __atomic_store_n(&mine->state, SLOT_FREE, __ATOMIC_RELEASE);
+  if (st == MP_INTERRUPT) {
+    if (notified) cond_notify_slots(h, 1);   /* not ours to use: pass it on */
+    mp_status_error(L, method_name(L), st);
   }
-  /* leaving without a notification of our own: drop our place */
-  if (h->sleeping > 0) h->sleeping--;
-  else if (h->tickets > 0)               /* every place left is notified */
-    __atomic_sub_fetch(&h->tickets, 1, __ATOMIC_ACQ_REL);
-  if (st != MP_TIMEOUT) mp_status_error(L, method_name(L), st);
-  return 0;
+  return notified;
 }
 
 /* cond:wait([timeout]) -> true when notified, false on timeout.  The lock
@@ -575,12 +610,7 @@ static int cond_wait_pred(lua_State *L) {
 /* Wakes up to n waiters; the lock must be held. */
 static int cond_notify_n(lua_State *L, lua_Integer n) {
   SyncHdr *h = hdr_of(held_cond(L));
-  uint32_t k = n < (lua_Integer)h->sleeping ? (uint32_t)n : h->sleeping;
-  if (k > 0) {
-    h->sleeping -= k;
-    __atomic_add_fetch(&h->tickets, k, __ATOMIC_ACQ_REL);
-    mp_wake(&h->seq, &h->waiters, (int)k);
-  }
+  cond_notify_slots(h, n > UINT32_MAX ? UINT32_MAX : (uint32_t)n);
   return 0;
 }
 
@@ -601,6 +631,30 @@ static int cond_notify_all(lua_State *L) {
 static void bar_set(SyncHdr *h, int32_t state) {
   __atomic_store_n(&h->state, state, __ATOMIC_RELEASE);
   mp_wake(&h->seq, &h->waiters, INT_MAX);
+}
+
+typedef struct SeqWatch {
+  uint32_t *seq;
+  uint32_t was;
+} SeqWatch;
+
+static int seq_moved(void *arg) {
+  SeqWatch *x = (SeqWatch *)arg;
+  return __atomic_load_n(x->seq, __ATOMIC_ACQUIRE) != x->was;
+}
+
+/* Under the mutex: sleeps without it until the state changes (bar_set). */
+static int bar_sleep(SyncHdr *h, mp_Wait *w, int *died) {
+  SeqWatch x;
+  mp_Waitable on;
+  x.seq = &h->seq;
+  x.was = __atomic_load_n(&h->seq, __ATOMIC_ACQUIRE);
+  on.word = &h->seq;
+  on.waiters = &h->waiters;
+  on.ready = seq_moved;
+  on.check = NULL;
+  on.arg = &x;
+  return sleep_unlocked(h, w, &on, died);
 }
 
 /* Takes the barrier's mutex; a holder that died leaves it broken. */
@@ -639,7 +693,7 @@ static int bar_wait(lua_State *L) {
   if ((st = bar_lock(h, &w)) != MP_OK) goto out;
   /* wait while the last round drains or a reset completes */
   while (h->state == B_DRAINING || h->state == B_RESETTING) {
-    if ((st = sleep_unlocked(h, &w, seq_moved, &died)) != MP_OK) break;
+    if ((st = bar_sleep(h, &w, &died)) != MP_OK) break;
   }
   if (st == MP_OK && h->state == B_FILLING) {
     index = __atomic_add_fetch(&h->count, 1, __ATOMIC_ACQ_REL) - 1;
@@ -648,7 +702,7 @@ static int bar_wait(lua_State *L) {
       else bar_set(h, B_DRAINING);
     } else {
       while (st == MP_OK && h->state == B_FILLING)
-        st = sleep_unlocked(h, &w, seq_moved, &died);
+        st = bar_sleep(h, &w, &died);
       /* tripped or broken just as the time ran out: that is the outcome */
       if (st == MP_TIMEOUT && h->state != B_FILLING) st = MP_OK;
       if (st != MP_OK && h->state == B_FILLING) bar_set(h, B_BROKEN);
@@ -778,7 +832,7 @@ static void sync_decode(lua_State *L, mp_Reader *r) {
   Sync *s;
   if (kind >= K_NKINDS) luaL_error(L, "bad synchronisation object kind %d", kind);
   fd = mp_read_fd(L, r);
-  mp_map_from_fd(L, fd, SYNC_SIZE);                          /* map */
+  mp_map_from_fd(L, fd, sync_size(kind));                    /* map */
   s = newsync(L, kind);                                      /* s */
   if (hdr_of(s)->magic != SYNC_MAGIC || hdr_of(s)->kind != (uint32_t)kind) {
     mp_map_release(s->map);
