@@ -788,10 +788,12 @@ static void array_encode(lua_State *L, int idx, mp_Writer *w) {
   }
 }
 
-/* The lock that follows a locked array's encoding, for the array at ai. */
+/* The lock that follows a locked array's encoding, for the array at ai.
+** (A message decoded only to be discarded closes the lock at once.) */
 static void decode_lock(lua_State *L, mp_Reader *r, int ai, Array *a) {
   mp_read_value(L, r);                                      /* a lock */
-  if (!mp_islock(L, -1)) luaL_error(L, "bad Array encoding (its lock)");
+  if (!mp_islock(L, -1) && !(mp_read_flags(r) & MP_CODEC_DISCARD))
+    luaL_error(L, "bad Array encoding (its lock)");
   attach_lock(L, ai, a);
 }
 
