@@ -390,6 +390,37 @@ describe("issue 8 features, in one process:", function()
   end)
 end)
 
+describe("issue 8, through a queue:", function()
+  H.leak_check(before_each, after_each)
+
+  it("a synchronised Value keeps its lock; a Barrier's action needs a spawn", function()
+    local q <close> = mp.Queue()
+    local v <close> = mp.Value("int32", 3)
+    q:put(v)
+    q:put(v)
+    local v2 <close> = q:get()
+    local v3 <close> = q:get()
+    assert.matches("^multiprocessing.RLock", tostring(v2:get_lock()))
+    v2.value = 4
+    assert.are.equal(4, v.value)
+    do
+      local g <close> = v2:get_lock():guard()
+      assert.is_true(v3:get_lock():acquire(0))   -- the same RLock: it nests
+      v3:get_lock():release()
+    end
+    local raw <close> = mp.Value("int32", 3, { lock = false })
+    q:put(raw)
+    local raw2 <close> = q:get()
+    assert.is_nil(raw2.get_lock)
+    local b <close> = mp.Barrier(2)
+    q:put(b)
+    local b2 <close> = q:get()
+    assert.are.equal(2, b2.parties)
+    local a <close> = mp.Barrier(2, function() end)
+    assert.matches("cannot send Barrier action", select(2, pcall(q.put, q, a)))
+  end)
+end)
+
 for _, method in ipairs(H.methods) do
   describe("issue 8 across processes, " .. method .. ":", function()
     H.leak_check(before_each, after_each)
@@ -449,11 +480,14 @@ for _, method in ipairs(H.methods) do
 
     it("Barrier action runs in exactly one process per trip", function()
       local runs <close> = mp.Value("int32", 0)
-      local b <close> = mp.Barrier(3, function() inc(runs) end)
+      local b
+      -- an action that refers to its own barrier crosses too
+      b = mp.Barrier(3, function() assert(b.parties == 3); inc(runs) end)
       mp.start_processes(function(_, bar)
         for _ = 1, 5 do assert(bar:wait(60)) end
       end, { b }, 3, true, false, method)
       assert.are.equal(5, runs.value)
+      b:close()
     end)
 
     it("Barrier default timeout: the one party that came gets nil, \"timeout\"", function()

@@ -784,7 +784,7 @@ static void array_encode(lua_State *L, int idx, mp_Writer *w) {
   }
   if (a->locked) {
     lua_getiuservalue(L, idx, 2);
-    mp_write_value(L, w, "the lock of an Array");
+    mp_write_value(L, w, idx, "the lock of an Array");
   }
 }
 

@@ -227,10 +227,13 @@ int  mp_channel_attach_value(lua_State *L, int idx);  /* 1 when handled */
 
 /* nested.c: a value inside a userdata's encoding (a Barrier's action, the
 ** lock of a Value).  mp_write_value pops the value at the top and writes
-** it ('what' names it in errors); mp_read_value pushes it back. */
+** it as part of the userdata at 'owner' ('what' names it in errors; met
+** again inside its own value, the owner's value is written as nil);
+** mp_read_value pushes it back. */
 struct mp_Writer;
 struct mp_Reader;
-void mp_write_value(lua_State *L, struct mp_Writer *w, const char *what);
+void mp_write_value(lua_State *L, struct mp_Writer *w, int owner,
+                    const char *what);
 void mp_read_value(lua_State *L, struct mp_Reader *r);
 
 /* registration */

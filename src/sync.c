@@ -822,7 +822,7 @@ static void sync_encode(lua_State *L, int idx, mp_Writer *w) {
   mp_write_fd(L, w, s->map->seg.fd);
   if (s->kind == K_BARRIER) {
     lua_getiuservalue(L, idx, 2);
-    mp_write_value(L, w, "Barrier action");
+    mp_write_value(L, w, idx, "Barrier action");
   }
 }
 
