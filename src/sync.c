@@ -270,6 +270,8 @@ static const char *method_name(lua_State *L) {
 static double acquire_timeout(lua_State *L, int arg) {
   if (lua_isboolean(L, arg))
     return lua_toboolean(L, arg) ? mp_opttimeout(L, arg + 1) : 0;
+  if (lua_isnil(L, arg) && !lua_isnone(L, arg + 1))   /* (nil, timeout) */
+    return mp_opttimeout(L, arg + 1);
   return mp_opttimeout(L, arg);
 }
 
@@ -405,7 +407,10 @@ static int sem_get_value(lua_State *L) {
 /* ------------------------------------------------------------------ */
 /* guards: local g <close> = lock:guard([timeout])                     */
 
-typedef struct Guard { int held; } Guard;
+typedef struct Guard {
+  int held;
+  pid_t pid;             /* the holder (a forked child's copy holds nothing) */
+} Guard;
 
 /* x:guard([timeout]) -> guard | nil, "timeout".  The guard holds one
 ** acquisition of x (its uservalue) and gives it back when it is closed:
@@ -421,6 +426,7 @@ static int m_guard(lua_State *L) {
   }
   g = (Guard *)lua_newuserdatauv(L, sizeof(Guard), 1);    /* s g */
   g->held = 1;
+  g->pid = getpid();
   lua_pushvalue(L, 1);
   lua_setiuservalue(L, -2, 1);
   luaL_setmetatable(L, GUARD_T);
@@ -429,7 +435,7 @@ static int m_guard(lua_State *L) {
 
 static int guard_release(lua_State *L) {
   Guard *g = (Guard *)luaL_checkudata(L, 1, GUARD_T);
-  if (g->held) {
+  if (g->held && g->pid == getpid()) {
     Sync *s;
     g->held = 0;
     lua_getiuservalue(L, 1, 1);                             /* g s */
@@ -528,10 +534,18 @@ static Sync *held_cond(lua_State *L) {
 ** slot is freed instead. */
 static uint32_t cond_notify_slots(SyncHdr *h, uint32_t n) {
   CondSlot *slot = cond_slots(h);
-  uint32_t done = 0;
+  uint32_t done = 0, i;
+  if (n >= h->hi) {              /* all of them (no more wait than slots) */
+    for (i = 0; i < h->hi; i++)
+      if (slot[i].state == SLOT_WAITING) {
+        __atomic_store_n(&slot[i].state, SLOT_NOTIFIED, __ATOMIC_RELEASE);
+        mp_futex_wake(&slot[i].state, 1);
+        done++;
+      }
+    return done;
+  }
   while (done < n) {
     CondSlot *oldest = NULL;
-    uint32_t i;
     for (i = 0; i < h->hi; i++)
       if (slot[i].state == SLOT_WAITING &&
           (oldest == NULL || (int32_t)(slot[i].ticket - oldest->ticket) < 0))
