@@ -137,7 +137,7 @@ typedef struct SyncHdr {
   uint32_t seq;          /* futex word: bumped by every change (mp_wake) */
   uint32_t waiters;      /* sleepers on seq */
   uint32_t died;         /* Lock: owner death seen by a probe, not yet told */
-  uint32_t tickets;      /* Condition, under m: the next waiter's ticket */
+  uint32_t arrivals;     /* Condition, under m: the next waiter's ticket */
   uint32_t hi;           /* Condition, under m: slots in use are below */
   uint32_t parties;      /* Barrier */
   uint32_t count;        /* Barrier, under m: parties inside wait */
@@ -145,9 +145,6 @@ typedef struct SyncHdr {
   double timeout;        /* Barrier: default for wait, < 0 none */
 } SyncHdr;
 
-/* Uservalues: 1 the mapping (mp_Map, shared by the objects of a process
-** on the same page, so a lock received again costs no descriptor and no
-** mmap), 2 a Barrier's action. */
 /* A Condition's waiter, in the slots that follow the header. */
 enum { SLOT_FREE, SLOT_WAITING, SLOT_NOTIFIED };
 typedef struct CondSlot {
@@ -157,6 +154,9 @@ typedef struct CondSlot {
   uint32_t pad;
 } CondSlot;
 
+/* Uservalues: 1 the mapping (mp_Map, shared by the objects of a process
+** on the same page, so a lock received again costs no descriptor and no
+** mmap), 2 a Barrier's action. */
 typedef struct Sync {
   mp_Map *map;           /* NULL once closed */
   int kind;
@@ -169,6 +169,9 @@ typedef struct Sync {
 #define COND_SIZE 65536        /* pages never touched cost nothing */
 #define COND_SLOTS_AT 256
 #define COND_NSLOTS ((int)((COND_SIZE - COND_SLOTS_AT) / sizeof(CondSlot)))
+
+/* the header fits before the slots */
+typedef char cond_header_fits[sizeof(SyncHdr) <= COND_SLOTS_AT ? 1 : -1];
 
 static size_t sync_size(int kind) {
   return kind == K_COND ? COND_SIZE : SYNC_SIZE;
@@ -576,7 +579,7 @@ static int cond_wait_for(lua_State *L, Sync *s, double t) {
     return luaL_error(L, "%s: more than %d processes waiting",
                       method_name(L), COND_NSLOTS);
   if ((uint32_t)(mine - slot) >= h->hi) h->hi = (uint32_t)(mine - slot) + 1;
-  mine->ticket = h->tickets++;
+  mine->ticket = h->arrivals++;
   mine->pid = (int32_t)getpid();
   __atomic_store_n(&mine->state, SLOT_WAITING, __ATOMIC_RELEASE);
   on.word = &mine->state;
