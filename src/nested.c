@@ -47,17 +47,14 @@ static int fdset_gc(lua_State *L) {
   return 0;
 }
 
-/* Pushes the registry table 'key' (made on first use, weak keys). */
-static void push_registry_table(lua_State *L, const char *key) {
-  if (lua_getfield(L, LUA_REGISTRYINDEX, key) == LUA_TTABLE) return;
+/* Pushes the owners whose values are being written (registry; entries
+** live only while their value is written, so strong keys do). */
+static void push_writing(lua_State *L) {
+  if (lua_getfield(L, LUA_REGISTRYINDEX, NESTING_KEY) == LUA_TTABLE) return;
   lua_pop(L, 1);
   lua_newtable(L);
-  lua_createtable(L, 0, 1);
-  lua_pushliteral(L, "k");
-  lua_setfield(L, -2, "__mode");
-  lua_setmetatable(L, -2);
   lua_pushvalue(L, -1);
-  lua_setfield(L, LUA_REGISTRYINDEX, key);
+  lua_setfield(L, LUA_REGISTRYINDEX, NESTING_KEY);
 }
 
 /* Protected: encodes value 1 with flags 2 named 3 into the mp_Encoded
@@ -76,7 +73,7 @@ void mp_write_value(lua_State *L, mp_Writer *w, int owner, const char *what) {
   size_t i;
   int t, mine, st;
   owner = lua_absindex(L, owner);
-  push_registry_table(L, NESTING_KEY);                  /* v writing */
+  push_writing(L);                                      /* v writing */
   lua_insert(L, -2);                                    /* writing v */
   t = lua_gettop(L) - 1;
   lua_pushvalue(L, owner);
