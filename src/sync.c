@@ -159,25 +159,37 @@ typedef struct CondSlot {
 ** mmap), 2 a Barrier's action. */
 typedef struct Sync {
   mp_Map *map;           /* NULL once closed */
+  uint32_t off;          /* where in it the object is */
   int kind;
   int recovered;         /* Lock/RLock: the last acquire took over */
   pid_t holder;          /* this process holds the mutex ... */
   int depth;             /* ... this many times */
 } Sync;
 
-#define SYNC_SIZE 4096
-#define COND_SIZE 65536        /* pages never touched cost nothing */
-#define COND_SLOTS_AT 256
-#define COND_NSLOTS ((int)((COND_SIZE - COND_SLOTS_AT) / sizeof(CondSlot)))
+/* Segments: a Condition has one of its own (its waiters' slots follow the
+** header); the other objects take the next SYNC_SLOT of the pool segment
+** of the process that creates them, so that a thousand locks (a thousand
+** synchronised Values) cost one descriptor and one mapping, not a
+** thousand.  A slot is never reused: another process may still use it. */
+#define SEG_SIZE 65536          /* pages never touched cost nothing */
+#define SYNC_SLOT 256
+#define COND_SLOTS_AT SYNC_SLOT
+#define COND_NSLOTS ((int)((SEG_SIZE - COND_SLOTS_AT) / sizeof(CondSlot)))
+#define POOL_KEY "multiprocessing.sync.pool"
 
-/* the header fits before the slots */
-typedef char cond_header_fits[sizeof(SyncHdr) <= COND_SLOTS_AT ? 1 : -1];
+/* an object fits in its slot */
+typedef char sync_header_fits[sizeof(SyncHdr) <= SYNC_SLOT ? 1 : -1];
 
-static size_t sync_size(int kind) {
-  return kind == K_COND ? COND_SIZE : SYNC_SIZE;
+/* The registry's pool: the segment slots are taken from, by this pid. */
+typedef struct Pool {
+  mp_Map *map;           /* also uservalue 1 */
+  pid_t pid;             /* a forked child starts a pool of its own */
+  uint32_t next;         /* the next free slot */
+} Pool;
+
+static SyncHdr *hdr_of(Sync *s) {
+  return (SyncHdr *)(void *)(s->map->seg.base + s->off);
 }
-
-static SyncHdr *hdr_of(Sync *s) { return (SyncHdr *)(void *)s->map->seg.base; }
 
 static int islocklike(int kind) {
   return kind == K_LOCK || kind == K_RLOCK || kind == K_COND;
@@ -204,12 +216,14 @@ static Sync *tosync(lua_State *L, int idx, int kind) {
 #define LOCKLIKE ((1u << K_LOCK) | (1u << K_RLOCK) | (1u << K_COND))
 #define SEMLIKE  ((1u << K_SEM) | (1u << K_BSEM))
 
-/* Pushes a new object of 'kind' on the mapping at the top (popped). */
-static Sync *newsync(lua_State *L, int kind) {
+/* Pushes a new object of 'kind' at 'off' in the mapping at the top
+** (popped). */
+static Sync *newsync(lua_State *L, int kind, uint32_t off) {
   mp_Map *m = (mp_Map *)lua_touserdata(L, -1);
   Sync *s = (Sync *)lua_newuserdatauv(L, sizeof(Sync), 2);   /* map s */
   memset(s, 0, sizeof *s);
   s->kind = kind;
+  s->off = off;
   luaL_setmetatable(L, kind_tname[kind]);
   lua_insert(L, -2);                                         /* s map */
   lua_setiuservalue(L, -2, 1);                               /* s */
@@ -218,12 +232,43 @@ static Sync *newsync(lua_State *L, int kind) {
   return s;
 }
 
+/* Pushes the mapping for a new object of 'kind' and returns its offset
+** there: a new segment for a Condition, else the pool's next slot. */
+static uint32_t place(lua_State *L, int kind) {
+  Pool *p;
+  mp_Map *m;
+  if (kind != K_COND) {
+    lua_getfield(L, LUA_REGISTRYINDEX, POOL_KEY);            /* pool|nil */
+    p = (Pool *)lua_touserdata(L, -1);
+    if (p != NULL && p->pid == getpid() && p->next < SEG_SIZE &&
+        p->map->seg.base != NULL) {          /* (unmapped: all closed) */
+      uint32_t off = p->next;
+      p->next += SYNC_SLOT;
+      lua_getiuservalue(L, -1, 1);                           /* pool map */
+      lua_remove(L, -2);                                     /* map */
+      return off;
+    }
+    lua_pop(L, 1);
+  }
+  m = mp_map_create(L, SEG_SIZE, MP_SEG_FD);                 /* map */
+  if (kind != K_COND) {
+    p = (Pool *)lua_newuserdatauv(L, sizeof(Pool), 1);       /* map pool */
+    p->map = m;
+    p->pid = getpid();
+    p->next = SYNC_SLOT;
+    lua_pushvalue(L, -2);
+    lua_setiuservalue(L, -2, 1);
+    lua_setfield(L, LUA_REGISTRYINDEX, POOL_KEY);            /* map */
+  }
+  return 0;
+}
+
 static Sync *createsync(lua_State *L, int kind) {
   Sync *s;
   SyncHdr *h;
   int e;
-  mp_map_create(L, sync_size(kind), MP_SEG_FD);              /* map */
-  s = newsync(L, kind);                                      /* s */
+  uint32_t off = place(L, kind);                             /* map */
+  s = newsync(L, kind, off);                                 /* s */
   h = hdr_of(s);
   h->magic = SYNC_MAGIC;
   h->kind = (uint32_t)kind;
@@ -258,7 +303,7 @@ static int sync_tostring(lua_State *L) {
     lua_pushfstring(L, "multiprocessing.%s (closed)", kind_short[s->kind]);
   else
     lua_pushfstring(L, "multiprocessing.%s (%p)", kind_short[s->kind],
-                    (void *)s->map->seg.base);
+                    (void *)hdr_of(s));
   return 1;
 }
 
@@ -836,6 +881,7 @@ static void sync_encode(lua_State *L, int idx, mp_Writer *w) {
   unsigned char k = (unsigned char)s->kind;
   if (!s->map) luaL_error(L, "cannot send a closed %s", kind_short[s->kind]);
   mp_write_bytes(L, w, &k, 1);
+  mp_write_bytes(L, w, &s->off, sizeof s->off);
   mp_write_fd(L, w, s->map->seg.fd);
   if (s->kind == K_BARRIER) {
     lua_getiuservalue(L, idx, 2);
@@ -846,11 +892,16 @@ static void sync_encode(lua_State *L, int idx, mp_Writer *w) {
 static void sync_decode(lua_State *L, mp_Reader *r) {
   const unsigned char *k = (const unsigned char *)mp_read_bytes(L, r, 1);
   int kind = k[0], fd;
+  uint32_t off;
   Sync *s;
-  if (kind >= K_NKINDS) luaL_error(L, "bad synchronisation object kind %d", kind);
+  memcpy(&off, mp_read_bytes(L, r, sizeof off), sizeof off);
+  if (kind >= K_NKINDS || off % SYNC_SLOT != 0 || off >= SEG_SIZE ||
+      (kind == K_COND && off != 0))
+    luaL_error(L, "bad synchronisation object (kind %d at %d)", kind,
+               (int)off);
   fd = mp_read_fd(L, r);
-  mp_map_from_fd(L, fd, sync_size(kind));                    /* map */
-  s = newsync(L, kind);                                      /* s */
+  mp_map_from_fd(L, fd, SEG_SIZE);                           /* map */
+  s = newsync(L, kind, off);                                 /* s */
   if (hdr_of(s)->magic != SYNC_MAGIC || hdr_of(s)->kind != (uint32_t)kind) {
     mp_map_release(s->map);
     s->map = NULL;
