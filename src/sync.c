@@ -220,15 +220,18 @@ static Sync *tosync(lua_State *L, int idx, int kind) {
 ** (popped). */
 static Sync *newsync(lua_State *L, int kind, uint32_t off) {
   mp_Map *m = (mp_Map *)lua_touserdata(L, -1);
-  Sync *s = (Sync *)lua_newuserdatauv(L, sizeof(Sync), 2);   /* map s */
+  Sync *s;
+  /* used before anything allocates: a collection could otherwise close
+  ** the last object on it and unmap it under us */
+  mp_map_use(m);
+  s = (Sync *)lua_newuserdatauv(L, sizeof(Sync), 2);         /* map s */
   memset(s, 0, sizeof *s);
   s->kind = kind;
   s->off = off;
+  s->map = m;
   luaL_setmetatable(L, kind_tname[kind]);
   lua_insert(L, -2);                                         /* s map */
   lua_setiuservalue(L, -2, 1);                               /* s */
-  mp_map_use(m);
-  s->map = m;
   return s;
 }
 
