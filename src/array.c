@@ -20,7 +20,7 @@
 **
 ** Synchronised, as Python's: a shared Array or Value gets a lock, a new
 ** RLock unless {lock = false} or {lock = a Lock or RLock} says otherwise
-** (uservalue 2; it crosses processes with the array).  Every element
+** (uservalue 2; it crosses processes inside the array's encoding).  Every element
 ** access, fill, totable, tostring and copy holds it for its duration;
 ** get_lock() returns it and get_obj() the same memory without it.  An
 ** array without a lock (lock = false, or private) has neither method.
@@ -784,16 +784,14 @@ static void array_encode(lua_State *L, int idx, mp_Writer *w) {
   }
   if (a->locked) {
     lua_getiuservalue(L, idx, 2);
-    mp_write_value(L, w, idx, "the lock of an Array");
+    mp_lock_write(L, -1, w);
+    lua_pop(L, 1);
   }
 }
 
-/* The lock that follows a locked array's encoding, for the array at ai.
-** (A message decoded only to be discarded closes the lock at once.) */
+/* The lock that follows a locked array's encoding, for the array at ai. */
 static void decode_lock(lua_State *L, mp_Reader *r, int ai, Array *a) {
-  mp_read_value(L, r);                                      /* a lock */
-  if (!mp_islock(L, -1) && !(mp_read_flags(r) & MP_CODEC_DISCARD))
-    luaL_error(L, "bad Array encoding (its lock)");
+  mp_lock_read(L, r);                                       /* a lock */
   attach_lock(L, ai, a);
 }
 

@@ -216,6 +216,12 @@ void mp_new_rlock(lua_State *L);            /* pushes a new RLock */
 ** mp_lock_leave may come between: nothing that raises. */
 int  mp_lock_enter(lua_State *L, int idx, const char *what);
 void mp_lock_leave(lua_State *L, int idx);
+/* The Lock or RLock at idx inside another object's encoding (no nested
+** message: its kind, slot and descriptor); mp_lock_read pushes it. */
+struct mp_Writer;
+struct mp_Reader;
+void mp_lock_write(lua_State *L, int idx, struct mp_Writer *w);
+void mp_lock_read(lua_State *L, struct mp_Reader *r);
 
 /* --- codec types: attaching inherited objects in a forked child --- */
 /* Walks the value at idx (tables and upvalues of functions) and attaches
@@ -225,13 +231,10 @@ void mp_lock_leave(lua_State *L, int idx);
 void mp_sharing_attach(lua_State *L, int idx);
 int  mp_channel_attach_value(lua_State *L, int idx);  /* 1 when handled */
 
-/* nested.c: a value inside a userdata's encoding (a Barrier's action, the
-** lock of a Value).  mp_write_value pops the value at the top and writes
+/* nested.c: a value inside a userdata's encoding (a Barrier's action).  mp_write_value pops the value at the top and writes
 ** it as part of the userdata at 'owner' ('what' names it in errors; met
 ** again inside its own value, the owner's value is written as nil);
 ** mp_read_value pushes it back. */
-struct mp_Writer;
-struct mp_Reader;
 void mp_write_value(lua_State *L, struct mp_Writer *w, int owner,
                     const char *what);
 void mp_read_value(lua_State *L, struct mp_Reader *r);

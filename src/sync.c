@@ -289,14 +289,17 @@ static void sync_release_all(Sync *s) {
   s->depth = 0;
 }
 
-static int sync_gc(lua_State *L) {
-  Sync *s = (Sync *)lua_touserdata(L, 1);
+static void sync_close(Sync *s) {
   /* an unmapped robust mutex must not stay on this thread's robust list */
   sync_release_all(s);
   if (s->map) {
     mp_map_release(s->map);
     s->map = NULL;
   }
+}
+
+static int sync_gc(lua_State *L) {
+  sync_close((Sync *)lua_touserdata(L, 1));
   return 0;
 }
 
@@ -906,8 +909,7 @@ static void sync_decode(lua_State *L, mp_Reader *r) {
   mp_map_from_fd(L, fd, SEG_SIZE);                           /* map */
   s = newsync(L, kind, off);                                 /* s */
   if (hdr_of(s)->magic != SYNC_MAGIC || hdr_of(s)->kind != (uint32_t)kind) {
-    mp_map_release(s->map);
-    s->map = NULL;
+    sync_close(s);
     luaL_error(L, "received %s is not one", kind_short[kind]);
   }
   if (kind == K_BARRIER) {
@@ -1025,6 +1027,20 @@ int mp_lock_enter(lua_State *L, int idx, const char *what) {
   if (st == EDEADLK) return 0;          /* ours already (a Lock) */
   if (st != MP_OK && st != MP_OWNERDEAD) mp_status_error(L, what, st);
   return 1;
+}
+
+void mp_lock_write(lua_State *L, int idx, mp_Writer *w) {
+  sync_encode(L, idx, w);
+}
+
+void mp_lock_read(lua_State *L, mp_Reader *r) {
+  Sync *s;
+  sync_decode(L, r);
+  s = (Sync *)lua_touserdata(L, -1);
+  if (s->kind != K_LOCK && s->kind != K_RLOCK)
+    luaL_error(L, "bad lock encoding (a %s)", kind_short[s->kind]);
+  /* the codec closes what it decodes for nobody; it does not see this */
+  if (mp_read_flags(r) & MP_CODEC_DISCARD) sync_close(s);
 }
 
 void mp_lock_leave(lua_State *L, int idx) {
