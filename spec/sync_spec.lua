@@ -595,7 +595,8 @@ describe("issue 8 defect 6: Ctrl-C in a wait inside a pcall arrives once", funct
     f:write(H.PATHS,
       "mp = require 'multiprocessing'; e = mp.Event()\n",
       "pid = io.open('/proc/self/stat'):read('a'):match('^%d+')\n",
-      "print('got', pcall(function() os.execute('(sleep 0.3; kill -INT ' .. pid .. ') &'); return e:wait(60) end)); print('same line runs')\n",
+      "print('got', pcall(function() os.execute('(sleep 0.3; kill -INT ' .. pid .. ') &'); ",
+      "return e:wait(60) end)); print('same line runs')\n",
       "print('next line runs')\n")
     f:close()
     local repl = io.popen("lua5.4 -i < " .. input .. " 2>&1")
