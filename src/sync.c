@@ -276,7 +276,7 @@ static Sync *createsync(lua_State *L, int kind) {
   h->magic = SYNC_MAGIC;
   h->kind = (uint32_t)kind;
   h->timeout = -1;
-  if ((e = mp_mutex_init(&h->m, kind == K_RLOCK)) != 0) {
+  if ((e = mp_mutex_init(&h->m, kind == K_RLOCK || kind == K_COND)) != 0) {
     mp_push_errno(L, "pthread_mutex_init", e);
     lua_error(L);
   }
@@ -577,7 +577,7 @@ static int slot_notified(void *arg) {
 
 static Sync *held_cond(lua_State *L) {
   Sync *s = tosync(L, 1, K_COND);
-  if (s->holder != getpid() || s->depth != 1)
+  if (s->holder != getpid() || s->depth < 1)
     luaL_error(L, "%s: the lock is not held by this process",
                method_name(L));
   return s;
@@ -616,7 +616,9 @@ static uint32_t cond_notify_slots(SyncHdr *h, uint32_t n) {
   return done;
 }
 
-/* Waits on the held condition s up to t seconds: 1 notified, 0 not. */
+/* Waits on the held condition s up to t seconds: 1 notified, 0 not.  Its
+** lock is recursive (an RLock, as Python's default): every level this
+** process holds is released while waiting and taken again after. */
 static int cond_wait_for(lua_State *L, Sync *s, double t) {
   SyncHdr *h = hdr_of(s);
   CondSlot *slot = cond_slots(h), *mine = NULL;
@@ -640,7 +642,9 @@ static int cond_wait_for(lua_State *L, Sync *s, double t) {
   on.arg = mine;
   mp_wait_init(&w, L, t);
   w.spins = 0;
+  for (i = 1; i < (uint32_t)s->depth; i++) pthread_mutex_unlock(&h->m);
   st = sleep_unlocked(h, &w, &on, &died);
+  for (i = 1; i < (uint32_t)s->depth; i++) pthread_mutex_lock(&h->m);
   notified = mine->state == SLOT_NOTIFIED;
   __atomic_store_n(&mine->state, SLOT_FREE, __ATOMIC_RELEASE);
   if (st == MP_INTERRUPT) {
