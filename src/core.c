@@ -68,5 +68,6 @@ int luaopen_multiprocessing_core(lua_State *L) {
   mp_open_context(L);
   mp_open_spawn(L);
   mp_open_shm(L); mp_open_array(L); mp_open_channel(L); mp_open_sync(L);
+  mp_open_stdio(L);
   return 1;
 }

@@ -15,6 +15,7 @@
 **   forkserver.c   the "forkserver" start method
 **   signames.c     signal numbers <-> names
 **   codec.c        Lua values <-> bytes (codec.h)
+**   stdio.c        descriptors for supervisors (mprun): pipes, the relay
 */
 #ifndef mp_h
 #define mp_h
@@ -287,6 +288,8 @@ void mp_payload_load(lua_State *L, int fd, int *fds, size_t nfds);
 
 /* forkserver.c */
 void mp_open_forkserver(lua_State *L);
+/* stdio.c: pipes, descriptors that cross to workers, the output relay */
+void mp_open_stdio(lua_State *L);
 /* start_spawn.c: set_executable, get_executable, the workers' entry points */
 void mp_open_spawn(lua_State *L);
 

@@ -14,6 +14,9 @@ end
 
 M._VERSION = "0.1.0"
 
+-- mp.world(): rank, world size, node and launcher of this process.
+M.world = require("multiprocessing.world").world
+
 -- torch renamed SpawnContext to ProcessContext; the old name still works and
 -- warns once per Lua state.
 local warned_spawn_context = false

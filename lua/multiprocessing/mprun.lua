@@ -1,0 +1,598 @@
+--- multiprocessing.mprun -- the `mprun` command: start N ranks of a Lua
+-- script (or chunk, or any program), relay their output line by line,
+-- restart them on failure, and say which rank failed first and why.
+--
+-- Built on the library: each rank is a worker of its own ProcessContext
+-- (start_processes with nprocs 1), so per-rank restart and teardown are
+-- natural; its error and traceback come back through the report slot.  The
+-- C side (src/stdio.c) gives pipes, descriptors that cross to workers, the
+-- output relay and the signalfd.  This file is the policy.
+--
+--   M.main(argv) -> never returns (os.exit with mprun's status)
+--   M.parse(argv) -> options, or nil, usage message
+local core = require "multiprocessing.core"
+local mp = require "multiprocessing"
+
+local M = {}
+
+local USAGE = [[
+usage: mprun [options] script.lua [args...]   N fresh Lua interpreters run the script
+       mprun [options] -e 'lua code'          N copies of a chunk
+       mprun [options] -- program [args...]   any program, supervised and logged
+
+options:
+  -n, --nprocs N          processes on this machine (default 1; "auto" = number of CPUs)
+  --start-method M        spawn (default) | forkserver | fork
+  --max-restarts K        restart after a failure, up to K times (default 0)
+  --restart group|rank    group (default): tear all down and start all again;
+                          rank: restart only the failed rank (K times per rank)
+  --grace-period S        SIGTERM, then S seconds, then SIGKILL when tearing down
+                          (default 30)
+  --timeout S             an attempt fails after S seconds (exit status 124)
+  --log-dir DIR           output to DIR/<run-id>/attempt_<k>/<rank>/{stdout,stderr}.log
+                          only (k: the restart count)
+  --tee                   with --log-dir: to the console too
+  --ranks LIST            which ranks reach the console, e.g. 0,2-3 (default all)
+  --no-prefix             no "[rankN]: " line prefixes (default: prefixes when N > 1)
+  --quiet                 no status line, no summary on success
+  --run-id ID             the run's id (default: a fresh one)
+  -h, --help              this help
+
+Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+MP_RESTART_COUNT, MP_MAX_RESTARTS, MP_RUN_ID in its environment (in Lua:
+require("multiprocessing").world()), and `arg` as lua5.4 sets it.
+Exit status: 0 when every rank exited 0; else the first failure's exit code,
+or 128 + its signal number; 124 on --timeout; 130/143 on SIGINT/SIGTERM;
+2 on bad usage.
+]]
+
+local START_METHODS = { spawn = true, forkserver = true, fork = true }
+local STATUS_PERIOD = 0.2          -- at most 5 status lines a second
+local EXIT_TIMEOUT = 124           -- as timeout(1)
+
+-- --------------------------------------------------------------- options
+
+local function usage_error(fmt, ...)
+  error({ usage = fmt:format(...) }, 0)
+end
+
+local function integer(name, value, min)
+  local n = math.tointeger(tonumber(value or ""))
+  if n == nil or n < min then
+    usage_error("%s must be an integer >= %d, got '%s'", name, min, tostring(value))
+  end
+  return n
+end
+
+local function seconds(name, value)
+  local s = tonumber(value or "")
+  if s == nil or s ~= s or s < 0 or s == math.huge then
+    usage_error("%s must be a number of seconds >= 0, got '%s'", name, tostring(value))
+  end
+  return s
+end
+
+-- "0,2-3" -> {[0]=true, [2]=true, [3]=true}, each below n.
+local function rank_set(spec, n)
+  local set = {}
+  for item in (spec .. ","):gmatch("([^,]*),") do
+    local a, b = item:match("^%s*(%d+)%s*%-%s*(%d+)%s*$")
+    if not a then a = item:match("^%s*(%d+)%s*$"); b = a end
+    a, b = tonumber(a), tonumber(b)
+    if not a or a > b then usage_error("--ranks: bad item '%s' in '%s'", item, spec) end
+    if b >= n then
+      usage_error("--ranks: rank %d is out of range (nprocs is %d: ranks 0-%d)", b, n, n - 1)
+    end
+    for r = a, b do set[r] = true end
+  end
+  return set
+end
+
+-- Options that take a value: name -> the field it sets.
+local VALUED = {
+  ["-n"] = "nprocs", ["--nprocs"] = "nprocs", ["--start-method"] = "start_method",
+  ["--max-restarts"] = "max_restarts", ["--restart"] = "restart",
+  ["--grace-period"] = "grace_period", ["--timeout"] = "timeout",
+  ["--log-dir"] = "log_dir", ["--ranks"] = "ranks", ["--run-id"] = "run_id",
+  ["-e"] = "code",
+}
+local FLAGS = {
+  ["--tee"] = "tee", ["--no-prefix"] = "no_prefix", ["--quiet"] = "quiet",
+  ["-h"] = "help", ["--help"] = "help",
+}
+
+--- The raw options and what to run: {field = string or true, script=,
+-- program=, args = {...}}.
+local function scan(argv)
+  local o, i = { args = {} }, 1
+  while i <= #argv do
+    local a = argv[i]
+    local name, inline = a:match("^(%-%-[%w-]+)=(.*)$")
+    if not name and a:match("^%-n.") then name, inline = "-n", a:sub(3) end
+    name = name or a
+    if a == "--" then
+      if i == #argv then usage_error("-- must be followed by a program") end
+      o.program = table.move(argv, i + 1, #argv, 1, {})
+      return o
+    elseif VALUED[name] then
+      local value = inline
+      if value == nil then
+        i = i + 1
+        value = argv[i]
+        if value == nil then usage_error("option %s needs a value", name) end
+      end
+      o[VALUED[name]] = value
+    elseif FLAGS[name] and inline == nil then
+      o[FLAGS[name]] = true
+    elseif a:match("^%-.") then
+      usage_error("unknown option '%s'", a)
+    else
+      o.script = a
+      table.move(argv, i + 1, #argv, 1, o.args)
+      return o
+    end
+    i = i + 1
+  end
+  return o
+end
+
+local function fresh_run_id()
+  local f = io.open("/dev/urandom", "rb")
+  local bytes = f and f:read(6) or tostring(os.time())
+  if f then f:close() end
+  return (bytes:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
+end
+
+--- Options, checked: everything a run needs, or raises {usage = message}.
+local function check(o)
+  if o.help then return o end
+  local what = (o.script and 1 or 0) + (o.code and 1 or 0) + (o.program and 1 or 0)
+  if what == 0 then usage_error("no script, -e code or -- program given") end
+  if what > 1 then usage_error("give one of: a script, -e code, -- program") end
+  if o.nprocs == "auto" then
+    o.nprocs = core._cpus()
+  else
+    o.nprocs = integer("-n/--nprocs", o.nprocs or "1", 1)
+  end
+  o.start_method = o.start_method or "spawn"
+  if not START_METHODS[o.start_method] then
+    usage_error("--start-method must be spawn, forkserver or fork, got '%s'", o.start_method)
+  end
+  o.max_restarts = integer("--max-restarts", o.max_restarts or "0", 0)
+  o.restart = o.restart or "group"
+  if o.restart ~= "group" and o.restart ~= "rank" then
+    usage_error("--restart must be group or rank, got '%s'", o.restart)
+  end
+  o.grace_period = seconds("--grace-period", o.grace_period or "30")
+  if o.timeout then o.timeout = seconds("--timeout", o.timeout) end
+  o.ranks = o.ranks and rank_set(o.ranks, o.nprocs)
+  if o.run_id == "" then usage_error("--run-id must not be empty") end
+  o.run_id = o.run_id or fresh_run_id()
+  if o.log_dir == "" then usage_error("--log-dir must not be empty") end
+  o.prefix = o.nprocs > 1 and not o.no_prefix
+  if o.script then
+    local f, err = io.open(o.script, "r")
+    if not f then usage_error("cannot read the script: %s", err) end
+    f:close()
+  end
+  return o
+end
+
+--- parse(argv) -> options, or nil and the usage message.
+function M.parse(argv)
+  local ok, o = pcall(function() return check(scan(argv)) end)
+  if ok then return o end
+  if type(o) == "table" and o.usage then return nil, o.usage end
+  error(o, 0)
+end
+
+-- ------------------------------------------------------------ the rank side
+
+-- Runs in the worker (sent as bytecode: no upvalues but _ENV).  Takes the
+-- pipes or log files as stdin/stdout/stderr, sets the environment, then
+-- runs the script, the chunk or the program; errors reach the launcher
+-- through the report, with their traceback.
+local function rank_main(_, job)
+  local c = require "multiprocessing.core"
+  c._rank_stdio(job.stdin, job.stdout, job.stderr)
+  for name, value in pairs(job.env) do c._setenv(name, value) end
+  if job.program then c._run_program(job.program) end
+  local chunk, err
+  if job.script then
+    chunk, err = loadfile(job.script)
+  else
+    chunk, err = load(job.code, "=(command line)")
+  end
+  if not chunk then error(err, 0) end
+  arg = job.arg
+  chunk(table.unpack(job.args, 1, #job.args))
+end
+
+--- The `arg` table lua5.4 would give: the interpreter at -1 (script) or 0
+-- (-e: lua.c then has no script, and the options are arg[1], arg[2]).
+local function lua_arg(o)
+  local exe = mp.get_executable and mp.get_executable() or "lua5.4"
+  if o.script then
+    local t = { [-1] = exe, [0] = o.script }
+    table.move(o.args, 1, #o.args, 1, t)
+    return t
+  end
+  return { [0] = exe, "-e", o.code }
+end
+
+-- ------------------------------------------------------------- the run
+
+local Run = {}
+Run.__index = Run
+
+--- Whether a rank's output reaches the console.
+local function shown(o, r)
+  return (o.log_dir == nil or o.tee == true) and (o.ranks == nil or o.ranks[r] == true)
+end
+
+--- Where a rank's stdout (stream 1) or stderr (2) goes, for the worker:
+-- a pipe to the relay (console, and a log file through the relay), a log
+-- file directly, or /dev/null.  Returns the worker's end.
+function Run:stream(rank, stream)
+  local o, file = self.o, nil
+  if o.log_dir then
+    local dir = ("%s/%s/attempt_%d/%d"):format(o.log_dir, o.run_id, rank.restarts, rank.r)
+    local ok, err = core._makedirs(dir)
+    if not ok then error(err, 0) end
+    file, err = core._open(("%s/%s.log"):format(dir, stream == 1 and "stdout" or "stderr"), "w")
+    if not file then error(err, 0) end
+  end
+  if not shown(o, rank.r) then
+    return file or assert(core._open("/dev/null", "w"))
+  end
+  local r, w = core._pipe()
+  rank.sources[#rank.sources + 1] =
+    self.relay:add(r, stream, o.prefix and ("[rank%d]: "):format(rank.r) or nil, file)
+  return w
+end
+
+function Run:env(rank)
+  local o = self.o
+  return {
+    RANK = tostring(rank.r), LOCAL_RANK = tostring(rank.r),
+    WORLD_SIZE = tostring(o.nprocs), LOCAL_WORLD_SIZE = tostring(o.nprocs),
+    GROUP_RANK = "0", GROUP_WORLD_SIZE = "1",
+    MP_RESTART_COUNT = tostring(rank.restarts),
+    MP_MAX_RESTARTS = tostring(o.max_restarts),
+    MP_RUN_ID = o.run_id,
+  }
+end
+
+--- Starts (or restarts) a rank: its streams, then its worker.
+function Run:start(rank)
+  local o = self.o
+  rank.sources, rank.stopping, rank.timed_out = {}, false, false
+  local job = {
+    stdin = self.stdin and core._open("/dev/null", "r") or nil,
+    env = self:env(rank), program = o.program, script = o.script,
+    code = o.code, args = o.args, arg = self.arg,
+  }
+  job.stdout = self:stream(rank, 1)
+  job.stderr = self:stream(rank, 2)
+  local ok, ctx = pcall(mp.start_processes, rank_main, { job }, 1, false, false,
+                        o.start_method)
+  for _, k in ipairs { "stdin", "stdout", "stderr" } do
+    if job[k] then job[k]:close() end   -- the worker has its own copies
+  end
+  if not ok then
+    for _, id in ipairs(rank.sources) do self.relay:drain(id) end
+    error(("cannot start rank %d: %s"):format(rank.r, tostring(ctx)), 0)
+  end
+  rank.ctx, rank.pid, rank.state = ctx, ctx:pids()[1], "running"
+  rank.started = core._now()
+  self.contexts[rank.r + 1] = ctx
+end
+
+function Run:start_all()
+  self.failures, self.root = {}, nil
+  for _, rank in ipairs(self.ranks) do
+    rank.restarts = self.attempt
+    self:start(rank)
+  end
+end
+
+--- SIGTERM (or 'sig') to every running rank, SIGKILL after the grace.
+function Run:teardown(sig)
+  for _, rank in ipairs(self.ranks) do
+    if rank.ctx and (not rank.stopping or sig == "SIGKILL") then
+      rank.stopping = true
+      core._ctx_signal(rank.ctx, sig or "SIGTERM")
+    end
+  end
+  if sig ~= "SIGKILL" and not self.kill_at then
+    self.kill_at = core._now() + self.o.grace_period
+  end
+end
+
+--- A failure as the summary shows it, from the rank's exception.
+local function failure_of(rank, e, timeout)
+  local f = { rank = rank.r, pid = rank.pid, restarts = rank.restarts,
+              time = os.time() }
+  if timeout then
+    f.timeout = timeout
+    return f
+  end
+  local code = type(e) == "userdata" and e.exit_code
+  if code and code < 0 then
+    f.signal = e.signal_name or ("signal " .. -code)
+    f.signum = -code
+  else
+    f.exit_code = code or 1
+  end
+  if mp.isinstance(e, mp.ProcessRaisedException) then
+    f.traceback = tostring(e.msg):gsub("^%s*%-%- Process %d+ terminated with the following error:\n", "")
+  elseif type(e) ~= "userdata" then
+    f.traceback = tostring(e)
+  end
+  return f
+end
+
+function Run:failed(f)
+  if self.root == nil then self.root = f else self.failures[#self.failures + 1] = f end
+end
+
+--- A rank's worker exited: reap it, take its last output, decide.
+function Run:exited(rank)
+  local ok, e = pcall(rank.ctx.join, rank.ctx, 0)
+  if ok and e == false then return end   -- not yet (spurious wake-up)
+  for _, id in ipairs(rank.sources) do self.relay:drain(id) end
+  rank.ctx:close(0)
+  rank.ctx = nil
+  self.contexts[rank.r + 1] = false
+  if ok then
+    rank.state = "done"
+    return
+  end
+  if rank.stopping and not rank.timed_out then
+    rank.state = "stopped"
+    return
+  end
+  rank.state = "failed"
+  local f = failure_of(rank, e, rank.timed_out and self.o.timeout)
+  local o = self.o
+  if o.restart == "rank" and rank.restarts < o.max_restarts and not self.signal
+     and not self.final then
+    self.restarts = self.restarts + 1
+    rank.restarts = rank.restarts + 1
+    self:start(rank)
+    return
+  end
+  self:failed(f)
+  if o.restart == "rank" then self.final = true end
+  self:teardown()
+end
+
+function Run:running()
+  local n = 0
+  for _, rank in ipairs(self.ranks) do
+    if rank.ctx then n = n + 1 end
+  end
+  return n
+end
+
+--- Checks the deadlines: the grace period, --timeout.
+function Run:tick(now)
+  if self.kill_at and now >= self.kill_at then
+    self.kill_at = nil
+    self:teardown("SIGKILL")
+  end
+  local limit = self.o.timeout
+  if not limit then return end
+  if self.o.restart == "group" then
+    if not self.timed_out and now - self.attempt_started >= limit then
+      self.timed_out = true
+      self:failed({ rank = "all", timeout = limit, time = os.time(),
+                    restarts = self.attempt })
+      self:teardown()
+    end
+    return
+  end
+  for _, rank in ipairs(self.ranks) do
+    if rank.ctx and not rank.stopping and now - rank.started >= limit then
+      rank.timed_out = true
+      rank.stopping = true
+      core._ctx_signal(rank.ctx, "SIGTERM")
+      rank.kill_at = now + self.o.grace_period
+    end
+    if rank.ctx and rank.kill_at and now >= rank.kill_at then
+      core._ctx_signal(rank.ctx, "SIGKILL")
+    end
+  end
+end
+
+--- The next moment the loop must wake up for, as a timeout (-1: none).
+function Run:next_wake(now)
+  local t = math.huge
+  if self.kill_at then t = math.min(t, self.kill_at) end
+  if self.o.timeout then
+    if self.o.restart == "group" then
+      if not self.timed_out then t = math.min(t, self.attempt_started + self.o.timeout) end
+    else
+      for _, rank in ipairs(self.ranks) do
+        if rank.ctx then
+          t = math.min(t, rank.kill_at or rank.started + self.o.timeout)
+        end
+      end
+    end
+  end
+  if self.status then t = math.min(t, now + STATUS_PERIOD) end
+  if t == math.huge then return -1 end
+  return math.max(0, t - now)
+end
+
+function Run:draw_status(now)
+  if not self.status or now - self.drawn < STATUS_PERIOD then return end
+  self.drawn = now
+  local count = { running = 0, done = 0, failed = 0, stopped = 0 }
+  for _, rank in ipairs(self.ranks) do count[rank.state] = count[rank.state] + 1 end
+  self.relay:status(("mprun %s: %d running, %d done, %d failed, %d restarts, %.1fs")
+    :format(self.o.run_id, count.running, count.done, count.failed + count.stopped,
+            self.restarts, now - self.t0))
+end
+
+function Run:on_signal(sig)
+  if sig == "SIGPIPE" then return end
+  if self.signal then   -- the second one: no more grace
+    self:teardown("SIGKILL")
+    return
+  end
+  self.signal = sig
+  self:teardown()
+end
+
+--- Everything of the attempt is reaped: the next attempt, or the end.
+function Run:attempt_over()
+  local o = self.o
+  if self.signal or not self.root then return true end
+  if o.restart == "group" and self.attempt < o.max_restarts then
+    self.attempt = self.attempt + 1
+    self.restarts = self.restarts + 1
+    self.kill_at, self.timed_out = nil, false
+    self.attempt_started = core._now()
+    self:start_all()
+    return false
+  end
+  return true
+end
+
+-- ---------------------------------------------------------------- summary
+
+local RULE = ("="):rep(60)
+
+--- The label and the value of a failure's cause.
+local function what_failed(f)
+  if f.timeout then return "timeout", ("the attempt ran over %gs"):format(f.timeout) end
+  if f.signal then
+    return "signal", ("%s (exit status %d)"):format(f.signal, 128 + f.signum)
+  end
+  return "exit code", tostring(f.exit_code)
+end
+
+local function describe(out, f, world)
+  out[#out + 1] = ("  rank       : %s%s"):format(f.rank,
+    f.rank == "all" and "" or (" (local_rank %s of %d)"):format(f.rank, world))
+  if f.pid then out[#out + 1] = ("  pid        : %d"):format(f.pid) end
+  out[#out + 1] = ("  attempt    : %d"):format(f.restarts)
+  out[#out + 1] = ("  %-10s : %s"):format(what_failed(f))
+  out[#out + 1] = ("  time       : %s"):format(os.date("!%Y-%m-%d %H:%M:%S UTC", f.time))
+  if f.traceback then
+    out[#out + 1] = "  traceback  :"
+    for line in (f.traceback .. "\n"):gmatch("(.-)\n") do
+      -- the frames of rank_main are mprun's, not the user's
+      if not line:find("multiprocessing/mprun.lua:", 1, true) then
+        out[#out + 1] = "    " .. line
+      end
+    end
+  end
+end
+
+function Run:summary()
+  local o, root = self.o, self.root
+  local what = o.program and o.program[1] or o.script or "-e"
+  local out = {
+    RULE,
+    ("mprun: %s FAILED (run id %s, attempt %d, %d rank%s)"):format(what, o.run_id,
+      self.attempt, o.nprocs, o.nprocs == 1 and "" or "s"),
+    ("-"):rep(60),
+    "Root cause (first failure):",
+  }
+  describe(out, root, o.nprocs)
+  if #self.failures > 0 then
+    out[#out + 1] = ("-"):rep(60)
+    out[#out + 1] = "Other failures:"
+    for _, f in ipairs(self.failures) do describe(out, f, o.nprocs) end
+  end
+  out[#out + 1] = RULE
+  return table.concat(out, "\n") .. "\n"
+end
+
+--- mprun's exit status.
+function Run:status_code()
+  if self.signal then return 128 + (self.signal == "SIGINT" and 2 or
+                                    self.signal == "SIGHUP" and 1 or 15) end
+  local f = self.root
+  if not f then return 0 end
+  if f.timeout then return EXIT_TIMEOUT end
+  if f.signal then return 128 + f.signum end
+  if f.exit_code < 1 or f.exit_code > 255 then return 1 end
+  return f.exit_code
+end
+
+-- ------------------------------------------------------------------- main
+
+--- Runs the job described by the options; returns mprun's exit status.
+function M.run(o)
+  local self = setmetatable({
+    o = o, attempt = 0, restarts = 0, ranks = {}, contexts = { n = o.nprocs },
+    failures = {}, arg = o.program == nil and lua_arg(o) or nil,
+    stdin = core._isatty(0), t0 = core._now(), drawn = -math.huge,
+    status = not o.quiet and core._isatty(2),
+  }, Run)
+  self.sigfd = core._signalfd("SIGINT", "SIGTERM", "SIGHUP", "SIGPIPE")
+  self.relay = core._relay(1, 2, 2)
+  for r = 0, o.nprocs - 1 do
+    self.ranks[r + 1] = { r = r, restarts = 0, state = "running", sources = {} }
+    self.contexts[r + 1] = false
+  end
+  self.attempt_started = self.t0
+  local ok, err = pcall(self.start_all, self)
+  if not ok then
+    self:teardown("SIGKILL")
+    self.start_error = err
+  end
+  while true do
+    if self:running() == 0 and (self.start_error or self:attempt_over()) then break end
+    local now = core._now()
+    local exited, sig = self.relay:wait(self:next_wake(now), self.contexts, self.sigfd)
+    for _, i in ipairs(exited) do
+      ok, err = pcall(self.exited, self, self.ranks[i])
+      if not ok then
+        self.start_error = self.start_error or err
+        self:teardown("SIGKILL")
+      end
+    end
+    if sig then self:on_signal(sig) end
+    now = core._now()
+    self:tick(now)
+    self:draw_status(now)
+  end
+  self.relay:close()
+  local code = self:status_code()
+  if self.start_error then
+    io.stderr:write("mprun: ", tostring(self.start_error), "\n")
+    code = 1
+  elseif self.signal then
+    io.stderr:write(("mprun: %s: every rank was terminated (run id %s)\n")
+      :format(self.signal, o.run_id))
+  elseif self.root then
+    io.stderr:write(self:summary())
+  elseif not o.quiet then
+    io.stderr:write(("mprun: %d rank%s finished (run id %s, %d restart%s, %.2fs)\n")
+      :format(o.nprocs, o.nprocs == 1 and "" or "s", o.run_id, self.restarts,
+              self.restarts == 1 and "" or "s", core._now() - self.t0))
+  end
+  self.sigfd:close()
+  return code
+end
+
+--- The command: parses argv (a lua5.4 `arg` table), runs, exits.
+function M.main(argv)
+  local o, err = M.parse(argv)
+  if not o then
+    io.stderr:write("mprun: ", err, "\nTry 'mprun --help' for the options.\n")
+    os.exit(2)
+  end
+  if o.help then
+    io.stdout:write(USAGE)
+    os.exit(0)
+  end
+  io.stdout:flush()
+  os.exit(M.run(o))
+end
+
+return M
