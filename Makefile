@@ -110,9 +110,16 @@ install: all
 	install -m 0755 $(CORE_SO) $(DESTDIR)$(INSTALL_CMOD)/multiprocessing/core.so
 	install -m 0755 $(WORKER) $(DESTDIR)$(INSTALL_CMOD)/multiprocessing/worker
 	install -m 0644 lua/multiprocessing/*.lua $(DESTDIR)$(INSTALL_LMOD)/multiprocessing/
+	install -d $(DESTDIR)$(INSTALL_BIN)
+	printf '%s\n' '#!/usr/bin/env $(LUA)' '-- mprun, installed by make install' \
+	  'package.path = "$(INSTALL_LMOD)/?.lua;$(INSTALL_LMOD)/?/init.lua;" .. package.path' \
+	  'package.cpath = "$(INSTALL_CMOD)/?.so;" .. package.cpath' \
+	  'return require("multiprocessing.mprun").main(arg)' > $(DESTDIR)$(INSTALL_BIN)/mprun
+	chmod 0755 $(DESTDIR)$(INSTALL_BIN)/mprun
 
 uninstall:
 	rm -rf $(DESTDIR)$(INSTALL_CMOD)/multiprocessing $(DESTDIR)$(INSTALL_LMOD)/multiprocessing
+	rm -f $(DESTDIR)$(INSTALL_BIN)/mprun
 
 clean:
 	rm -rf build build-asan

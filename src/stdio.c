@@ -232,9 +232,11 @@ static int l_now(lua_State *L) {
 
 /* --- the worker's side --------------------------------------------------- */
 
-/* _rank_stdio(stdin|nil, stdout, stderr): the Fds become descriptors 0, 1
-** and 2 (closed under their old numbers), and the signal mask is emptied
-** (a forked worker inherits the launcher's). */
+/* _rank_stdio(stdin|nil, stdout, stderr, linebuf): the Fds become
+** descriptors 0, 1 and 2 (closed under their old numbers); with 'linebuf'
+** stdout is line buffered, as on the terminal the launcher's output goes
+** to.  The signal mask is emptied (a forked worker inherits the
+** launcher's). */
 static int l_rank_stdio(lua_State *L) {
   int i;
   sigset_t none;
@@ -249,6 +251,7 @@ static int l_rank_stdio(lua_State *L) {
       fcntl(fd, F_SETFD, 0);
     }
   }
+  if (lua_toboolean(L, 4)) setvbuf(stdout, NULL, _IOLBF, BUFSIZ);
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, NULL);
   return 0;
@@ -315,8 +318,10 @@ static int l_run_program(lua_State *L) {
   else if (pid > 0)
     err = 0;
   close(errpipe[0]);
-  if (err != 0)
-    return luaL_error(L, "cannot run %s: %s", argv[0], strerror(err));
+  if (err != 0) {  /* the worker's error: no position of ours in it */
+    lua_pushfstring(L, "cannot run %s: %s", argv[0], strerror(err));
+    return lua_error(L);
+  }
   if (wait_child(pid, &status) < 0) _exit(127);
   if (WIFSIGNALED(status)) {
     int sig = WTERMSIG(status);

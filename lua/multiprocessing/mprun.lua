@@ -168,7 +168,10 @@ local function check(o)
   o.ranks = o.ranks and rank_set(o.ranks, o.nprocs)
   if o.run_id == "" then usage_error("--run-id must not be empty") end
   o.run_id = o.run_id or fresh_run_id()
-  if o.log_dir == "" then usage_error("--log-dir must not be empty") end
+  if o.log_dir then
+    local ok, err = core._makedirs(o.log_dir)
+    if o.log_dir == "" or not ok then usage_error("--log-dir: %s", err or "empty") end
+  end
   o.prefix = o.nprocs > 1 and not o.no_prefix
   if o.script then
     local f, err = io.open(o.script, "r")
@@ -194,7 +197,7 @@ end
 -- through the report, with their traceback.
 local function rank_main(_, job)
   local c = require "multiprocessing.core"
-  c._rank_stdio(job.stdin, job.stdout, job.stderr)
+  c._rank_stdio(job.stdin, job.stdout, job.stderr, job.linebuf)
   for name, value in pairs(job.env) do c._setenv(name, value) end
   if job.program then c._run_program(job.program) end
   local chunk, err
@@ -270,7 +273,7 @@ function Run:start(rank)
   local job = {
     stdin = self.stdin and core._open("/dev/null", "r") or nil,
     env = self:env(rank), program = o.program, script = o.script,
-    code = o.code, args = o.args, arg = self.arg,
+    code = o.code, args = o.args, arg = self.arg, linebuf = self.linebuf,
   }
   job.stdout = self:stream(rank, 1)
   job.stderr = self:stream(rank, 2)
@@ -297,11 +300,17 @@ function Run:start_all()
 end
 
 --- SIGTERM (or 'sig') to every running rank, SIGKILL after the grace.
+-- A rank that has already exited is left for the loop to judge: it failed
+-- (or not) on its own, before we signalled it.
 function Run:teardown(sig)
   for _, rank in ipairs(self.ranks) do
     if rank.ctx and (not rank.stopping or sig == "SIGKILL") then
-      rank.stopping = true
-      core._ctx_signal(rank.ctx, sig or "SIGTERM")
+      if rank.ctx.processes[1]:is_alive() then
+        rank.stopping = true
+        core._ctx_signal(rank.ctx, sig or "SIGTERM")
+      else
+        self.dead[#self.dead + 1] = rank
+      end
     end
   end
   if sig ~= "SIGKILL" and not self.kill_at then
@@ -484,7 +493,7 @@ local function describe(out, f, world)
     out[#out + 1] = "  traceback  :"
     for line in (f.traceback .. "\n"):gmatch("(.-)\n") do
       -- the frames of rank_main are mprun's, not the user's
-      if not line:find("multiprocessing/mprun.lua:", 1, true) then
+      if not (line:find("^\t") and line:find("multiprocessing/mprun.lua:", 1, true)) then
         out[#out + 1] = "    " .. line
       end
     end
@@ -529,8 +538,8 @@ end
 function M.run(o)
   local self = setmetatable({
     o = o, attempt = 0, restarts = 0, ranks = {}, contexts = { n = o.nprocs },
-    failures = {}, arg = o.program == nil and lua_arg(o) or nil,
-    stdin = core._isatty(0), t0 = core._now(), drawn = -math.huge,
+    failures = {}, dead = {}, arg = o.program == nil and lua_arg(o) or nil,
+    stdin = core._isatty(0), linebuf = core._isatty(1), t0 = core._now(), drawn = -math.huge,
     status = not o.quiet and core._isatty(2),
   }, Run)
   self.sigfd = core._signalfd("SIGINT", "SIGTERM", "SIGHUP", "SIGPIPE")
@@ -549,11 +558,15 @@ function M.run(o)
     if self:running() == 0 and (self.start_error or self:attempt_over()) then break end
     local now = core._now()
     local exited, sig = self.relay:wait(self:next_wake(now), self.contexts, self.sigfd)
-    for _, i in ipairs(exited) do
-      ok, err = pcall(self.exited, self, self.ranks[i])
-      if not ok then
-        self.start_error = self.start_error or err
-        self:teardown("SIGKILL")
+    for _, i in ipairs(exited) do self.dead[#self.dead + 1] = self.ranks[i] end
+    while #self.dead > 0 do
+      local rank = table.remove(self.dead, 1)
+      if rank.ctx then
+        ok, err = pcall(self.exited, self, rank)
+        if not ok then
+          self.start_error = self.start_error or err
+          self:teardown("SIGKILL")
+        end
       end
     end
     if sig then self:on_signal(sig) end

@@ -1,0 +1,436 @@
+-- mprun, driven as a user drives it: a subprocess (through a pty for the
+-- status line), its output, its files, its exit status, and what it leaves.
+local H = require "helpers"
+
+local MPRUN = "./scripts/mprun"
+
+local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local function tmpdir()
+  return (H.sh("mktemp -d"):gsub("%s+$", ""))
+end
+
+--- Runs a shell command line; returns stdout, stderr, exit status.
+local function sh(cmd)
+  local out, err = os.tmpname(), os.tmpname()
+  local _, _, code = os.execute(("%s >%s 2>%s </dev/null"):format(cmd, out, err))
+  local o, e = H.read(out), H.read(err)
+  os.remove(out)
+  os.remove(err)
+  return o, e, code
+end
+
+--- mprun with these arguments (already quoted as needed).
+local function mprun(args) return sh(MPRUN .. " " .. args) end
+
+--- Its lines, sorted: ranks run in parallel, only lines are whole.
+local function sorted_lines(s)
+  local t = {}
+  for l in s:gmatch("([^\n]*)\n") do t[#t + 1] = l end
+  table.sort(t)
+  return t
+end
+
+--- Waits until no process matches the anchored pattern; true when none.
+local function gone(pattern)
+  return H.eventually(function()
+    return H.sh("pgrep -f " .. q(pattern) .. " || true") == ""
+  end, 10)
+end
+
+describe("mprun", function()
+  H.leak_check(before_each, after_each)
+
+  describe("ranks", function()
+    it("sets the torchrun variables and ours, per rank", function()
+      local out, err, code = mprun("-n 3 --run-id job7 --max-restarts 2 -e " .. q[[
+        local v = {}
+        for _, k in ipairs { "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                             "GROUP_RANK", "MP_RESTART_COUNT", "MP_MAX_RESTARTS",
+                             "MP_RUN_ID" } do v[#v + 1] = k .. "=" .. os.getenv(k) end
+        print(table.concat(v, " "))]])
+      assert.are.equal(0, code, err)
+      local lines = sorted_lines(out)
+      assert.are.equal(3, #lines)
+      for r = 0, 2 do
+        assert.are.equal(("[rank%d]: RANK=%d LOCAL_RANK=%d WORLD_SIZE=3 LOCAL_WORLD_SIZE=3 "
+          .. "GROUP_RANK=0 MP_RESTART_COUNT=0 MP_MAX_RESTARTS=2 MP_RUN_ID=job7"):format(r, r, r),
+          lines[r + 1])
+      end
+    end)
+
+    it("gives mp.world() in a rank, and rank 0 of 1 when not launched", function()
+      local out, err, code = mprun("-n 2 --run-id w1 -e " .. q(H.PATHS .. [[
+        local w = require("multiprocessing").world()
+        print(w.rank, w.local_rank, w.world_size, w.local_world_size, w.group_rank,
+              w.restart_count, w.run_id, w.launcher)]]))
+      assert.are.equal(0, code, err)
+      assert.are.same({ "[rank0]: 0\t0\t2\t2\t0\t0\tw1\tmprun",
+                        "[rank1]: 1\t1\t2\t2\t0\t0\tw1\tmprun" }, sorted_lines(out))
+      local w = require("multiprocessing").world()
+      if os.getenv("MP_RUN_ID") == nil then
+        assert.are.equal(0, w.rank)
+        assert.are.equal(1, w.world_size)
+        assert.are.equal(0, w.group_rank)
+        assert.is_nil(w.launcher)
+      end
+    end)
+
+    it("sets arg and ... as lua5.4 does for a script", function()
+      local script = H.script([[print(arg[0], arg[1], arg[2], #arg, select("#", ...), ...)]], "")
+      local out, err, code = mprun(q(script) .. " a 'b c'")
+      assert.are.equal(0, code, err)
+      assert.are.equal(("%s\ta\tb c\t2\t2\ta\tb c\n"):format(script), out)
+      local direct = H.sh("lua5.4 " .. q(script) .. " a 'b c'")
+      assert.are.equal(direct, out)
+      os.remove(script)
+    end)
+
+    it("gives options after the script to the script", function()
+      local script = H.script([[print(...)]], "")
+      local out, _, code = mprun(q(script) .. " -n 5 --help")
+      assert.are.equal(0, code)
+      assert.are.equal("-n\t5\t--help\n", out)
+      os.remove(script)
+    end)
+
+    for _, method in ipairs(H.methods) do
+      it("runs ranks with start method " .. method, function()
+        local out, err, code = mprun("-n 2 --start-method " .. method ..
+                                     " -e 'print(os.getenv(\"RANK\"))'")
+        assert.are.equal(0, code, err)
+        assert.are.same({ "[rank0]: 0", "[rank1]: 1" }, sorted_lines(out))
+      end)
+    end
+
+    it("supervises any program after --", function()
+      local out, err, code = mprun("-n 2 -- sh -c 'echo out $RANK; echo err $RANK >&2; exit 0'")
+      assert.are.equal(0, code, err)
+      assert.are.same({ "[rank0]: out 0", "[rank1]: out 1" }, sorted_lines(out))
+      assert.matches("%[rank0%]: err 0\n", err)
+      assert.matches("%[rank1%]: err 1\n", err)
+      out, err, code = mprun("-n 2 -- sh -c '[ $RANK = 1 ] && exit 9; exit 0'")
+      assert.are.equal(9, code)
+      assert.matches("Root cause", err)
+      assert.matches("exit code  : 9", err, 1, true)
+      out, err, code = mprun("-- /nonexistent/program")
+      assert.are.equal(1, code)
+      assert.matches("cannot run /nonexistent/program", err, 1, true)
+    end)
+  end)
+
+  describe("output", function()
+    it("prefixes lines when N > 1, not with --no-prefix or N = 1", function()
+      local out = mprun("-n 2 -e 'print(\"x\")'")
+      assert.are.same({ "[rank0]: x", "[rank1]: x" }, sorted_lines(out))
+      out = mprun("-n 2 --no-prefix -e 'print(\"x\")'")
+      assert.are.equal("x\nx\n", out)
+      out = mprun("-e 'print(\"x\")'")
+      assert.are.equal("x\n", out)
+    end)
+
+    it("shows only the ranks of --ranks", function()
+      local out, err, code = mprun("-n 4 --ranks 0,2-3 -e 'print(os.getenv(\"RANK\"))'")
+      assert.are.equal(0, code, err)
+      assert.are.same({ "[rank0]: 0", "[rank2]: 2", "[rank3]: 3" }, sorted_lines(out))
+    end)
+
+    it("flushes a partial last line with a newline on the console", function()
+      local out, err = mprun("-n 2 --quiet -e 'io.write(\"no newline\") io.stderr:write(\"e\")'")
+      assert.are.same({ "[rank0]: no newline", "[rank1]: no newline" }, sorted_lines(out))
+      assert.are.same({ "[rank0]: e", "[rank1]: e" }, sorted_lines(err))
+    end)
+
+    it("loses nothing of 500,000 lines from 4 ranks, never mixes two in a line", function()
+      local out, err, code = mprun("-n 4 --quiet -e " .. q[[
+        local r = os.getenv("RANK")
+        for i = 1, 125000 do io.write(r, " ", i, "\n") end]])
+      assert.are.equal(0, code, err)
+      local next_of, n = { [0] = 1, 1, 1, 1 }, 0
+      for line in out:gmatch("([^\n]*)\n") do
+        local p, r, i = line:match("^%[rank(%d)%]: (%d) (%d+)$")
+        assert.is_truthy(p, "bad line: " .. line)
+        assert.are.equal(p, r)
+        assert.are.equal(next_of[tonumber(r)], tonumber(i))
+        next_of[tonumber(r)] = tonumber(i) + 1
+        n = n + 1
+      end
+      assert.are.equal(500000, n)
+      assert.are.same({ [0] = 125001, 125001, 125001, 125001 }, next_of)
+    end)
+  end)
+
+  describe("--log-dir", function()
+    local dir
+    before_each(function() dir = tmpdir() end)
+    after_each(function() os.execute("rm -rf " .. q(dir)) end)
+
+    it("keeps each rank's exact bytes per attempt, console silent", function()
+      local out, err, code = mprun(("-n 2 --log-dir %s --run-id L -e %s"):format(q(dir), q[[
+        io.write("a\n\nno newline"); io.stderr:write("err ", os.getenv("RANK"))]]))
+      assert.are.equal(0, code, err)
+      assert.are.equal("", out)
+      for r = 0, 1 do
+        local base = ("%s/L/attempt_0/%d/"):format(dir, r)
+        assert.are.equal("a\n\nno newline", H.read(base .. "stdout.log"))
+        assert.are.equal("err " .. r, H.read(base .. "stderr.log"))
+      end
+    end)
+
+    it("--tee writes the console too", function()
+      local out, err, code = mprun(("-n 2 --tee --log-dir %s --run-id T -e %s")
+                                   :format(q(dir), q[[print("hi")]]))
+      assert.are.equal(0, code, err)
+      assert.are.same({ "[rank0]: hi", "[rank1]: hi" }, sorted_lines(out))
+      assert.are.equal("hi\n", H.read(dir .. "/T/attempt_0/1/stdout.log"))
+    end)
+
+    it("keeps the attempts of group restarts apart", function()
+      local _, err, code = mprun(("-n 2 --max-restarts 2 --log-dir %s --run-id G -e %s")
+        :format(q(dir), q[[
+          print("count " .. os.getenv("MP_RESTART_COUNT"))
+          if os.getenv("RANK") == "1" then os.exit(3) end]]))
+      assert.are.equal(3, code)
+      for k = 0, 2 do
+        for r = 0, 1 do
+          assert.are.equal("count " .. k .. "\n",
+            H.read(("%s/G/attempt_%d/%d/stdout.log"):format(dir, k, r)))
+        end
+      end
+      assert.is_nil(H.read(dir .. "/G/attempt_3/1/stdout.log"))
+      assert.matches("attempt 2", err)
+      assert.matches("exit code  : 3", err, 1, true)
+    end)
+
+    it("restarts only the failed rank with --restart rank", function()
+      local _, err, code = mprun(("-n 3 --restart rank --max-restarts 2 --log-dir %s "
+        .. "--run-id P -e %s"):format(q(dir), q[[
+          print(os.getenv("MP_RESTART_COUNT"))
+          if os.getenv("RANK") == "1" and os.getenv("MP_RESTART_COUNT") ~= "2" then
+            os.exit(4)
+          end]]))
+      assert.are.equal(0, code, err)
+      assert.are.equal("0\n", H.read(dir .. "/P/attempt_0/0/stdout.log"))
+      assert.are.equal("0\n", H.read(dir .. "/P/attempt_0/2/stdout.log"))
+      assert.is_nil(H.read(dir .. "/P/attempt_1/0/stdout.log"))
+      assert.is_nil(H.read(dir .. "/P/attempt_1/2/stdout.log"))
+      for k = 0, 2 do
+        assert.are.equal(k .. "\n", H.read(("%s/P/attempt_%d/1/stdout.log"):format(dir, k)))
+      end
+    end)
+  end)
+
+  describe("failures", function()
+    it("summarises a Lua error with its traceback; exit status 1", function()
+      local _, err, code = mprun("-n 3 --run-id E1 -e " .. q[[
+        local function deep() error("disk full") end
+        if os.getenv("RANK") == "2" then deep() end]])
+      assert.are.equal(1, code)
+      assert.matches("Root cause", err)
+      assert.matches("run id E1", err, 1, true)
+      assert.matches("attempt 0", err, 1, true)
+      assert.matches("rank       : 2", err, 1, true)
+      assert.matches("pid        : %d+", err)
+      assert.matches("exit code  : 1", err, 1, true)
+      assert.matches("time       : %d+%-%d+%-%d+", err)
+      assert.matches("stack traceback:", err, 1, true)
+      assert.matches("in local 'deep'", err, 1, true)
+      assert.matches("disk full", err, 1, true)
+    end)
+
+    it("exits with the root cause's exit code", function()
+      local _, err, code = mprun("-n 2 -e 'if os.getenv(\"RANK\") == \"1\" then os.exit(7) end'")
+      assert.are.equal(7, code)
+      assert.matches("exit code  : 7", err, 1, true)
+    end)
+
+    it("exits 128 + signal for a rank killed by SIGSEGV", function()
+      local _, err, code = mprun("-n 2 -- sh -c '[ $RANK = 0 ] && kill -SEGV $$; exit 0'")
+      assert.are.equal(139, code)
+      assert.matches("SIGSEGV", err, 1, true)
+    end)
+
+    it("fails an attempt that runs over --timeout: 124, nothing left", function()
+      local _, err, code = mprun("-n 2 --timeout 0.3 -e 'os.execute(\"sleep 5.62\")'")
+      assert.are.equal(124, code)
+      assert.matches("timeout", err, 1, true)
+      assert.is_true(gone("^sleep 5.62"))
+    end)
+  end)
+
+  describe("signals", function()
+    -- mprun in the background, SIGINT at its default action (a shell gives
+    -- background jobs an ignored SIGINT); returns its pid and a function
+    -- that waits for its exit status.
+    local RUNNER = [[
+pidf=$1 statusf=$2; shift 2
+sh -c 'echo $$ > "$0"; exec env --default-signal=INT "$@"' "$pidf" ./scripts/mprun "$@"
+echo $? > "$statusf"
+]]
+    local function background(args)
+      local runner, pidf, statusf = H.script(RUNNER, ""), os.tmpname(), os.tmpname()
+      local errf = os.tmpname()
+      os.execute(("sh %s %s %s %s >/dev/null 2>%s </dev/null &")
+                 :format(runner, pidf, statusf, args, errf))
+      local pid = H.wait_pids(pidf)[1]
+      return pid, function()
+        local st = H.eventually(function()
+          local t = H.read(statusf)
+          return t and t:match("^(%d+)\n") and t
+        end, 60)
+        local err = H.read(errf)
+        for _, f in ipairs { runner, pidf, statusf, errf } do os.remove(f) end
+        return tonumber(st), err
+      end
+    end
+
+    -- Waits for n lines in 'marker' (each rank adds one); returns them.
+    local function until_started(marker, n)
+      return H.eventually(function()
+        local lines = {}
+        for l in (H.read(marker) or ""):gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
+        return #lines >= n and lines
+      end, 20)
+    end
+
+    for _, case in ipairs { { "INT", 130 }, { "TERM", 143 } } do
+      it("SIG" .. case[1] .. " terminates every rank and exits " .. case[2], function()
+        local marker = os.tmpname()
+        local pid, status = background(("-n 2 -- sh -c %s"):format(
+          q(("echo up >> %s; sleep 5.63"):format(marker))))
+        assert.is_truthy(until_started(marker, 2))
+        os.execute("kill -" .. case[1] .. " " .. pid)
+        assert.are.equal(case[2], status())
+        assert.is_true(gone("^sleep 5.63"))
+        os.remove(marker)
+      end)
+    end
+
+    it("a second SIGINT kills at once, without the grace period", function()
+      local marker = os.tmpname()
+      local pid, status = background(("--grace-period 600 -n 2 -- sh -c %s"):format(
+        q(("trap '' TERM; echo up >> %s; sleep 5.64"):format(marker))))
+      assert.is_truthy(until_started(marker, 2))
+      os.execute("kill -INT " .. pid)
+      os.execute("sleep 0.2; kill -INT " .. pid)
+      assert.are.equal(130, status())
+      assert.is_true(gone("^sleep 5.64"))
+      os.remove(marker)
+    end)
+
+    it("SIGKILLed, it leaves no rank and no rank's child", function()
+      local marker = os.tmpname()
+      local pid, status = background(("-n 3 -- sh -c %s"):format(
+        q(("sleep 5.65 & echo $$ >> %s; wait"):format(marker))))
+      local shells = until_started(marker, 3)
+      assert.is_truthy(shells)
+      os.execute("kill -KILL " .. pid)
+      assert.are.equal(137, status())
+      assert.is_true(gone("^sleep 5.65"))
+      for _, sh_pid in ipairs(shells) do
+        assert.is_truthy(H.eventually(function() return not H.alive(sh_pid) end, 10))
+      end
+      assert.are.same({}, H.shm())
+      os.remove(marker)
+    end)
+
+    it("lists the other failures below the root cause", function()
+      -- mprun is stopped while both ranks fail, so it sees both at once
+      local marker, go = os.tmpname(), os.tmpname()
+      os.remove(go)
+      local pid, status = background(("-n 2 -- sh -c %s"):format(q(
+        ("echo $PPID >> %s; while [ ! -e %s ]; do sleep 0.05; done; exit $((RANK + 5))")
+        :format(marker, go))))
+      local workers = until_started(marker, 2)
+      assert.is_truthy(workers)
+      os.execute("kill -STOP " .. pid)
+      assert.is_truthy(io.open(go, "w")):close()
+      for _, w in ipairs(workers) do
+        assert.is_truthy(H.eventually(function() return H.state(w) == "Z" end, 20))
+      end
+      os.execute("kill -CONT " .. pid)
+      local code, err = status()
+      assert.are.equal(5, code)
+      assert.matches("Root cause.*rank       : 0.*exit code  : 5.*Other failures.*"
+                     .. "rank       : 1.*exit code  : 6", err)
+      os.remove(marker)
+      os.remove(go)
+    end)
+  end)
+
+  describe("usage", function()
+    local marker
+    before_each(function() marker = os.tmpname(); os.remove(marker) end)
+
+    local bad = {
+      { "an unknown option", "--frobnicate 1 -e 'X'" , "unknown option" },
+      { "N < 1", "-n 0 -e 'X'", "-n/--nprocs" },
+      { "N not a number", "-n many -e 'X'", "-n/--nprocs" },
+      { "a missing script", "-n 2", "no script" },
+      { "an unreadable script", "/nonexistent/script.lua", "cannot read the script" },
+      { "--ranks out of range", "-n 2 --ranks 0,2 -e 'X'", "out of range" },
+      { "a bad --restart", "--restart node -e 'X'", "--restart" },
+      { "a bad --start-method", "--start-method thread -e 'X'", "--start-method" },
+      { "a missing value", "-e", "needs a value" },
+    }
+    for _, case in ipairs(bad) do
+      it("exits 2 and starts nothing on " .. case[1], function()
+        local args = case[2]:gsub("X", ("io.open(%q, \"w\")"):format(marker))
+        local out, err, code = mprun(args)
+        assert.are.equal(2, code)
+        assert.are.equal("", out)
+        assert.matches(case[3], err, 1, true)
+        assert.matches("mprun --help", err, 1, true)
+        assert.is_nil(H.read(marker))
+      end)
+    end
+
+    it("--help documents every option", function()
+      local out, _, code = mprun("--help")
+      assert.are.equal(0, code)
+      for _, opt in ipairs { "-n, --nprocs", "--start-method", "--max-restarts", "--restart",
+                             "--grace-period", "--timeout", "--log-dir", "--tee", "--ranks",
+                             "--no-prefix", "--quiet", "--run-id", "-e", "--" } do
+        assert.matches(opt, out, 1, true)
+      end
+    end)
+  end)
+
+  describe("status line", function()
+    local function pty(args)
+      return sh("script -q -e -c " .. q(MPRUN .. " " .. args) .. " /dev/null")
+    end
+    local SLOW = q[[for i = 1, 3 do print("line " .. i); os.execute("sleep 0.3") end]]
+
+    it("is drawn on a terminal and erased before each output line", function()
+      local out, _, code = pty("-n 2 -e " .. SLOW)
+      assert.are.equal(0, code)
+      assert.matches("\r[^\r\n]*%d running[^\r\n]*\27%[K", out)
+      -- every output line starts on a clean line: after an erase or a newline
+      for before in out:gmatch("(....)%[rank%d%]: line") do
+        assert.is_truthy(before == "\r\27[K" or before:sub(-1) == "\n", before)
+      end
+      assert.is_falsy(out:find("running[^\r\n]*%[rank"), "a rank's line joined the status")
+    end)
+
+    it("is not drawn with --quiet or when stderr is not a terminal", function()
+      local out = pty("-n 2 --quiet -e " .. SLOW)
+      assert.is_falsy(out:find("running", 1, true))
+      local _, err = mprun("-n 2 -e " .. SLOW)
+      assert.is_falsy(err:find("running", 1, true))
+      assert.is_falsy(err:find("\27[K", 1, true))
+    end)
+  end)
+
+  it("is installed by make install into $(PREFIX)/bin", function()
+    local root = tmpdir()
+    local out, err, code = sh(("make -s install PREFIX=%s"):format(q(root)))
+    assert.are.equal(0, code, out .. err)
+    out, err, code = sh(("cd / && %s/bin/mprun -n 2 -e %s"):format(q(root), q(
+      [[print(package.searchpath("multiprocessing.mprun", package.path))]])))
+    assert.are.equal(0, code, err)
+    local want = ("%s/share/lua/5.4/multiprocessing/mprun.lua"):format(root)
+    assert.are.same({ "[rank0]: " .. want, "[rank1]: " .. want }, sorted_lines(out))
+    os.execute("rm -rf " .. q(root))
+  end)
+end)
