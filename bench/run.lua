@@ -474,6 +474,65 @@ do
   end
 end
 
+-- ================================================ Issue 10: mprun
+-- Whole commands, start to exit, timed by build/bench/time_cmd (posix_spawn
+-- and wait, like the floors): mprun against 16 posix_spawns of the bare
+-- interpreter, torchrun when it is installed, and 4 ranks' output through
+-- mprun against the same 4 programs writing straight to a file.
+do
+  local MPRUN = "./scripts/mprun"
+  local OUT = os.tmpname()
+  local LINES = QUICK and 100000 or 1000000
+  local chunk = string.format("'local r = os.getenv(\"RANK\") for i = 1, %d do "
+    .. "io.write(r, \" line \", i, \"\\n\") end'", LINES)
+  local function timed(key, reps_, par, cmd, timeout)
+    floor({ key }, "time_cmd", string.format("%s %d %d %s %s", key, reps_, par, OUT, cmd), timeout)
+  end
+  for _ = 1, 2 do
+    floor({ "floor_spawn/16" }, "floor_spawn", reps(15) .. " " .. LUA .. " 16", 120)
+    timed("mprun_start", reps(15), 1, MPRUN .. " -n 16 --quiet -e ''", 120)
+    timed("lines_direct", reps(5), 4, LUA .. " -e " .. chunk, 300)
+    timed("lines_mprun", reps(5), 1, MPRUN .. " -n 4 --quiet -e " .. chunk, 300)
+  end
+  local torchrun = readline("command -v torchrun")
+  if torchrun then
+    local script = os.tmpname()
+    timed("torchrun_start", QUICK and 1 or 3, 1,
+          torchrun .. " --nproc-per-node 16 " .. script, 600)
+    os.remove(script)
+  else
+    skips.torchrun_start = "torchrun not installed (python3-torch)"
+  end
+  os.remove(OUT)
+
+  section("Issue 10: mprun")
+  local rows = {}
+  print("")
+  print("start to exit of 16 ranks of an empty chunk")
+  row(rows, { name = "C posix_spawn `lua5.4 -e ''` x16 (floor)", key = "floor_spawn/16",
+              unit = "ms", is_floor = true })
+  row(rows, { name = "mprun -n 16 -e ''", key = "mprun_start", unit = "ms",
+              floor = "floor_spawn/16", target = { max = 1.5 } })
+  row(rows, { name = "torchrun --nproc-per-node 16 (empty script)", key = "torchrun_start",
+              unit = "ms", floor = "floor_spawn/16" })
+  tabulate(HEAD, rows)
+  local m, t = med("mprun_start"), med("torchrun_start")
+  if m and t then print(string.format("    torchrun / mprun: %s", fmtx(t / m))) end
+
+  rows = {}
+  print("")
+  print(string.format("4 ranks printing %d short lines each (ms; stdout to a file)", LINES))
+  row(rows, { name = "4 x lua5.4 writing straight to the file (floor)", key = "lines_direct",
+              unit = "ms", is_floor = true })
+  row(rows, { name = "mprun -n 4, prefixed lines relayed to the file", key = "lines_mprun",
+              unit = "ms", floor = "lines_direct" })
+  tabulate(HEAD, rows)
+  local l = med("lines_mprun")
+  if l then
+    print(string.format("    mprun relays %s lines/s", fmtnum(4 * LINES / (l / 1e3))))
+  end
+end
+
 print("")
 print(string.format("bench: done in %d s; load average after the run: %s", os.time() - t_start, loadavg()))
 os.remove(ERRFILE)

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.." || exit 0
 CC=${CC:-cc}
 LUA=${LUA:-lua5.4}
 mkdir -p build/bench
-for f in floor_fork floor_spawn floor_pipe floor_fdpass; do
+for f in floor_fork floor_spawn floor_pipe floor_fdpass time_cmd; do
     "$CC" -O2 -o "build/bench/$f" "bench/$f.c" ||
         echo "bench: could not build $f (its rows will be skipped)"
 done
