@@ -234,6 +234,7 @@ static inline void mp_stack_check(lua_State *L, int top, int effect) {
 /* small helpers shared by the parts (core.c) */
 double mp_now(void);                     /* CLOCK_MONOTONIC seconds */
 int    mp_push_errno(lua_State *L, const char *what, int err); /* pushes msg */
+int    mp_write_all(int fd, const char *p, size_t n);  /* 0 or errno */
 void   mp_push_method(lua_State *L);         /* for __index, see core.c */
 /* Creates (and leaves on the stack) the metatable 'tname' of a type, with
 ** the metamethods 'meta' and the 'methods' (or NULL): they are its __index,

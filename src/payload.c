@@ -154,17 +154,6 @@ static void push_environment(lua_State *L) {
   lua_setfield(L, -2, "environ");                     /* env */
 }
 
-static int write_all(int fd, const char *p, size_t n) {
-  while (n > 0) {
-    ssize_t k = write(fd, p, n);
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0) return errno;
-    p += k;
-    n -= (size_t)k;
-  }
-  return 0;
-}
-
 typedef struct Holder {
   mp_Payload p;
 } Holder;
@@ -186,9 +175,9 @@ static int write_payload(int fd, const mp_Encoded *env, const mp_Encoded *m) {
   memcpy(h.magic, MAGIC, sizeof h.magic);
   h.env_size = env->size;
   h.main_size = m->size;
-  if ((err = write_all(fd, (const char *)&h, sizeof h)) != 0 ||
-      (err = write_all(fd, env->data, env->size)) != 0 ||
-      (err = write_all(fd, m->data, m->size)) != 0)
+  if ((err = mp_write_all(fd, (const char *)&h, sizeof h)) != 0 ||
+      (err = mp_write_all(fd, env->data, env->size)) != 0 ||
+      (err = mp_write_all(fd, m->data, m->size)) != 0)
     return err;
   /* Sealed: a worker's mapping can neither shrink under it (SIGBUS) nor
   ** change. */

@@ -48,19 +48,6 @@
 #define OUT_FLUSH   (256 * 1024)   /* console bytes buffered before a write */
 #define LINE_MAX_   (1024 * 1024)  /* a longer partial line is cut */
 
-/* --- writing everything -------------------------------------------------- */
-
-static int write_all(int fd, const char *p, size_t n) {
-  while (n > 0) {
-    ssize_t k = write(fd, p, n);
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0) return errno;
-    p += k;
-    n -= (size_t)k;
-  }
-  return 0;
-}
-
 /* --- Fd: an owned descriptor --------------------------------------------- */
 
 typedef struct Fd { int fd; } Fd;
@@ -388,13 +375,13 @@ static int grow(char **buf, size_t *cap, size_t need) {
 static void erase_status(Relay *R) {
   if (!R->status_shown) return;
   R->status_shown = 0;
-  write_all(R->status_fd, "\r\033[K", 4);
+  mp_write_all(R->status_fd, "\r\033[K", 4);
 }
 
 static void flush_out(Relay *R, Out *o) {
   if (o->len == 0) return;
   erase_status(R);
-  if (!o->broken && write_all(o->fd, o->buf, o->len) == EPIPE) o->broken = 1;
+  if (!o->broken && mp_write_all(o->fd, o->buf, o->len) == EPIPE) o->broken = 1;
   o->len = 0;
 }
 
@@ -424,7 +411,7 @@ static void emit(Relay *R, Source *s, const char *p, size_t n) {
 ** console, the rest kept for the next read. */
 static void feed(Relay *R, Source *s, const char *p, size_t n) {
   const char *end = p + n, *nl;
-  if (s->file >= 0 && write_all(s->file, p, n) != 0) {
+  if (s->file >= 0 && mp_write_all(s->file, p, n) != 0) {
     close(s->file);  /* a full disk loses the log, not the console */
     s->file = -1;
   }
@@ -648,7 +635,7 @@ static int relay_status(lua_State *L) {
   }
   lua_pushfstring(L, "\r%s\033[K", text);
   text = lua_tolstring(L, -1, &len);
-  write_all(R->status_fd, text, len);
+  mp_write_all(R->status_fd, text, len);
   R->status_shown = 1;
   return 0;
 }

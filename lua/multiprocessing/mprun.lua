@@ -207,7 +207,7 @@ local function rank_main(_, job)
     chunk, err = load(job.code, "=(command line)")
   end
   if not chunk then error(err, 0) end
-  arg = job.arg
+  _ENV.arg = job.arg  -- the script's own global, as lua.c sets it
   chunk(table.unpack(job.args, 1, #job.args))
 end
 
