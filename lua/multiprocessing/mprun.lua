@@ -269,7 +269,7 @@ end
 --- Starts (or restarts) a rank: its streams, then its worker.
 function Run:start(rank)
   local o = self.o
-  rank.sources, rank.stopping, rank.timed_out = {}, false, false
+  rank.sources, rank.stopping, rank.timed_out, rank.kill_at = {}, false, false, nil
   local job = {
     stdin = self.stdin and core._open("/dev/null", "r") or nil,
     env = self:env(rank), program = o.program, script = o.script,
@@ -313,6 +313,7 @@ function Run:teardown(sig)
       end
     end
   end
+  self.tearing = true
   if sig ~= "SIGKILL" and not self.kill_at then
     self.kill_at = core._now() + self.o.grace_period
   end
@@ -393,7 +394,8 @@ function Run:tick(now)
   local limit = self.o.timeout
   if not limit then return end
   if self.o.restart == "group" then
-    if not self.timed_out and now - self.attempt_started >= limit then
+    -- a teardown under way (a failure, a signal) is not timed out on top
+    if not self.timed_out and not self.tearing and now - self.attempt_started >= limit then
       self.timed_out = true
       self:failed({ rank = "all", timeout = limit, time = os.time(),
                     restarts = self.attempt })
@@ -409,6 +411,7 @@ function Run:tick(now)
       rank.kill_at = now + self.o.grace_period
     end
     if rank.ctx and rank.kill_at and now >= rank.kill_at then
+      rank.kill_at = nil
       core._ctx_signal(rank.ctx, "SIGKILL")
     end
   end
@@ -420,11 +423,14 @@ function Run:next_wake(now)
   if self.kill_at then t = math.min(t, self.kill_at) end
   if self.o.timeout then
     if self.o.restart == "group" then
-      if not self.timed_out then t = math.min(t, self.attempt_started + self.o.timeout) end
+      if not self.timed_out and not self.tearing then
+        t = math.min(t, self.attempt_started + self.o.timeout)
+      end
     else
       for _, rank in ipairs(self.ranks) do
-        if rank.ctx then
-          t = math.min(t, rank.kill_at or rank.started + self.o.timeout)
+        if rank.kill_at then t = math.min(t, rank.kill_at) end
+        if rank.ctx and not rank.stopping then
+          t = math.min(t, rank.started + self.o.timeout)
         end
       end
     end
@@ -461,7 +467,7 @@ function Run:attempt_over()
   if o.restart == "group" and self.attempt < o.max_restarts then
     self.attempt = self.attempt + 1
     self.restarts = self.restarts + 1
-    self.kill_at, self.timed_out = nil, false
+    self.kill_at, self.timed_out, self.tearing = nil, false, false
     self.attempt_started = core._now()
     self:start_all()
     return false
