@@ -398,9 +398,11 @@ static void emit(Relay *R, Source *s, const char *p, size_t n) {
   int nl = n > 0 && p[n - 1] == '\n';
   if (!o->broken && grow(&o->buf, &o->cap, need)) {
     memcpy(o->buf + o->len, s->prefix, s->plen);
-    memcpy(o->buf + o->len + s->plen, s->line, s->len);
-    memcpy(o->buf + o->len + s->plen + s->len, p, n);
-    o->len += s->plen + s->len + n;
+    o->len += s->plen;
+    if (s->len > 0) memcpy(o->buf + o->len, s->line, s->len);  /* line may be NULL */
+    o->len += s->len;
+    memcpy(o->buf + o->len, p, n);
+    o->len += n;
     if (!nl) o->buf[o->len++] = '\n';
   }
   s->len = 0;
