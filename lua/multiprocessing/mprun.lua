@@ -12,6 +12,7 @@
 --   M.parse(argv) -> options, or nil, usage message
 local core = require "multiprocessing.core"
 local mp = require "multiprocessing"
+local world = require "multiprocessing.world"
 
 local M = {}
 
@@ -254,16 +255,24 @@ function Run:stream(rank, stream)
   return w
 end
 
+--- A rank's environment.  Which node this is among how many comes from
+-- world.node(), the one place that knows about nodes (one machine: node 0
+-- of 1); the global rank counts the nodes before ours.
 function Run:env(rank)
-  local o = self.o
-  return {
-    RANK = tostring(rank.r), LOCAL_RANK = tostring(rank.r),
-    WORLD_SIZE = tostring(o.nprocs), LOCAL_WORLD_SIZE = tostring(o.nprocs),
-    GROUP_RANK = "0", GROUP_WORLD_SIZE = "1",
+  local o, node = self.o, self.node
+  local env = {
+    RANK = tostring(node.group_rank * o.nprocs + rank.r), LOCAL_RANK = tostring(rank.r),
+    WORLD_SIZE = tostring(node.group_world_size * o.nprocs),
+    LOCAL_WORLD_SIZE = tostring(o.nprocs),
+    GROUP_RANK = tostring(node.group_rank),
+    GROUP_WORLD_SIZE = tostring(node.group_world_size),
+    MASTER_ADDR = node.master_addr,
     MP_RESTART_COUNT = tostring(rank.restarts),
     MP_MAX_RESTARTS = tostring(o.max_restarts),
     MP_RUN_ID = o.run_id,
   }
+  if node.master_port then env.MASTER_PORT = tostring(node.master_port) end
+  return env
 end
 
 --- Starts (or restarts) a rank: its streams, then its worker.
@@ -543,7 +552,8 @@ end
 --- Runs the job described by the options; returns mprun's exit status.
 function M.run(o)
   local self = setmetatable({
-    o = o, attempt = 0, restarts = 0, ranks = {}, contexts = { n = o.nprocs },
+    o = o, node = world.node(), attempt = 0, restarts = 0, ranks = {},
+    contexts = { n = o.nprocs },
     failures = {}, dead = {}, arg = o.program == nil and lua_arg(o) or nil,
     stdin = core._isatty(0), linebuf = core._isatty(1), t0 = core._now(), drawn = -math.huge,
     status = not o.quiet and core._isatty(2),

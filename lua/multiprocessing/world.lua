@@ -26,8 +26,11 @@ end
 -- machine: mprun sets GROUP_RANK (0) and MP_RUN_ID, and the defaults are
 -- those of a single node.  Engine detection (Slurm, Open MPI, Hydra,
 -- torchrun) belongs here: it returns the same fields, filled from the
--- engine's own variables, and every caller (mp.world(), mprun's --nnodes
--- and --node-rank defaults) gets it through this function.
+-- engine's own variables, and every caller gets it through this function:
+-- mp.world() in a rank, and mprun, which gives its ranks GROUP_RANK,
+-- GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT from it and counts RANK and
+-- WORLD_SIZE over the nodes (its --nnodes/--node-rank options belong here
+-- too, as overrides of what this returns).
 function M.node()
   local launched = os.getenv("MP_RUN_ID") ~= nil
   return {
