@@ -199,10 +199,23 @@ describe("mprun", function()
     end)
 
     it("keeps the attempts of group restarts apart", function()
+      -- rank 1 fails once rank 0's line is in its log, so that the
+      -- teardown cannot come first
       local _, err, code = mprun(("-n 2 --max-restarts 2 --log-dir %s --run-id G -e %s")
-        :format(q(dir), q[[
-          print("count " .. os.getenv("MP_RESTART_COUNT"))
-          if os.getenv("RANK") == "1" then os.exit(3) end]]))
+        :format(q(dir), q(([[
+          local k = os.getenv("MP_RESTART_COUNT")
+          print("count " .. k)
+          io.stdout:flush()
+          if os.getenv("RANK") == "1" then
+            local log = "%s/G/attempt_" .. k .. "/0/stdout.log"
+            repeat
+              local f = io.open(log)
+              local s = f and f:read("a")
+              if f then f:close() end
+              if not s or s == "" then os.execute("sleep 0.01") end
+            until s and s ~= ""
+            os.exit(3)
+          end]]):format(dir))))
       assert.are.equal(3, code)
       for k = 0, 2 do
         for r = 0, 1 do
