@@ -29,7 +29,7 @@ options:
                           rank: restart only the failed rank (K times per rank)
   --grace-period S        SIGTERM, then S seconds, then SIGKILL when tearing down
                           (default 30)
-  --timeout S             an attempt fails after S seconds (exit status 124)
+  --timeout S             an attempt fails after S seconds (exit status 124; 0: none)
   --log-dir DIR           output to DIR/<run-id>/attempt_<k>/<rank>/{stdout,stderr}.log
                           only (k: the restart count)
   --tee                   with --log-dir: to the console too
@@ -165,7 +165,10 @@ local function check(o)
     usage_error("--restart must be group or rank, got '%s'", o.restart)
   end
   o.grace_period = seconds("--grace-period", o.grace_period or "30")
-  if o.timeout then o.timeout = seconds("--timeout", o.timeout) end
+  if o.timeout then
+    o.timeout = seconds("--timeout", o.timeout)
+    if o.timeout == 0 then o.timeout = nil end   -- as timeout(1): 0 is none
+  end
   o.ranks = o.ranks and rank_set(o.ranks, o.nprocs)
   if o.run_id == "" then usage_error("--run-id must not be empty") end
   o.run_id = o.run_id or fresh_run_id()
@@ -214,8 +217,10 @@ end
 
 --- The `arg` table lua5.4 would give: the interpreter at -1 (script) or 0
 -- (-e: lua.c then has no script, and the options are arg[1], arg[2]).
+-- The interpreter is named as mprun's own was (o.interpreter), else by
+-- its path.
 local function lua_arg(o)
-  local exe = mp.get_executable and mp.get_executable() or "lua5.4"
+  local exe = o.interpreter or mp.get_executable()
   if o.script then
     local t = { [-1] = exe, [0] = o.script }
     table.move(o.args, 1, #o.args, 1, t)
@@ -612,6 +617,9 @@ end
 --- The command: parses argv (a lua5.4 `arg` table), runs, exits.
 function M.main(argv)
   local o, err = M.parse(argv)
+  local lowest = 0
+  while argv[lowest - 1] ~= nil do lowest = lowest - 1 end
+  if o and lowest < 0 then o.interpreter = argv[lowest] end
   if not o then
     io.stderr:write("mprun: ", err, "\nTry 'mprun --help' for the options.\n")
     os.exit(2)
