@@ -106,6 +106,13 @@ describe("mprun", function()
       os.remove(script)
     end)
 
+    it("-n auto starts one rank per CPU", function()
+      local out, err, code = mprun("-n auto --no-prefix -e 'print(os.getenv(\"WORLD_SIZE\"))'")
+      assert.are.equal(0, code, err)
+      local n = tonumber(H.sh("nproc"))
+      assert.are.equal((n .. "\n"):rep(n), out)
+    end)
+
     for _, method in ipairs(H.methods) do
       it("runs ranks with start method " .. method, function()
         local out, err, code = mprun("-n 2 --start-method " .. method ..
@@ -320,7 +327,7 @@ echo $? > "$statusf"
       end, 20)
     end
 
-    for _, case in ipairs { { "INT", 130 }, { "TERM", 143 } } do
+    for _, case in ipairs { { "INT", 130 }, { "TERM", 143 }, { "HUP", 129 } } do
       it("SIG" .. case[1] .. " terminates every rank and exits " .. case[2], function()
         local marker = os.tmpname()
         local pid, status = background(("-n 2 -- sh -c %s"):format(
