@@ -502,9 +502,23 @@ local function what_failed(f)
   return "exit code", tostring(f.exit_code)
 end
 
-local function describe(out, f, world)
-  out[#out + 1] = ("  rank       : %s%s"):format(f.rank,
-    f.rank == "all" and "" or (" (local_rank %s of %d)"):format(f.rank, world))
+local function hostname()
+  local f = io.open("/proc/sys/kernel/hostname")
+  local name = f and f:read("l")
+  if f then f:close() end
+  return name or "?"
+end
+
+--- The lines of one failure ('run' gives the world around it).
+local function describe(out, f, run)
+  local n, node = run.o.nprocs, run.node
+  if f.rank == "all" then
+    out[#out + 1] = "  rank       : all"
+  else
+    out[#out + 1] = ("  rank       : %d (local_rank %d of %d)")
+      :format(node.group_rank * n + f.rank, f.rank, n)
+  end
+  out[#out + 1] = ("  host       : %s"):format(run.host)
   if f.pid then out[#out + 1] = ("  pid        : %d"):format(f.pid) end
   out[#out + 1] = ("  attempt    : %d"):format(f.restarts)
   out[#out + 1] = ("  %-10s : %s"):format(what_failed(f))
@@ -523,18 +537,21 @@ end
 function Run:summary()
   local o, root = self.o, self.root
   local what = o.program and o.program[1] or o.script or "-e"
+  local attempt = o.restart == "group" and ("attempt " .. self.attempt)
+                  or ("%d rank restart%s"):format(self.restarts, self.restarts == 1 and "" or "s")
+  self.host = hostname()
   local out = {
     RULE,
-    ("mprun: %s FAILED (run id %s, attempt %d, %d rank%s)"):format(what, o.run_id,
-      self.attempt, o.nprocs, o.nprocs == 1 and "" or "s"),
+    ("mprun: %s FAILED (run id %s, %s, %d rank%s)"):format(what, o.run_id,
+      attempt, o.nprocs, o.nprocs == 1 and "" or "s"),
     ("-"):rep(60),
     "Root cause (first failure):",
   }
-  describe(out, root, o.nprocs)
+  describe(out, root, self)
   if #self.failures > 0 then
     out[#out + 1] = ("-"):rep(60)
     out[#out + 1] = "Other failures:"
-    for _, f in ipairs(self.failures) do describe(out, f, o.nprocs) end
+    for _, f in ipairs(self.failures) do describe(out, f, self) end
   end
   out[#out + 1] = RULE
   return table.concat(out, "\n") .. "\n"
