@@ -346,6 +346,7 @@ typedef struct Relay {
   Out out[2];        /* the console's stdout and stderr */
   int status_fd;     /* where the status line is drawn */
   int status_shown;
+  int file_err;      /* the first error writing a log file, or 0 */
   Source *src;
   size_t nsrc, capsrc;
   char *chunk;       /* READ_SIZE bytes */
@@ -413,9 +414,11 @@ static void emit(Relay *R, Source *s, const char *p, size_t n) {
 ** console, the rest kept for the next read. */
 static void feed(Relay *R, Source *s, const char *p, size_t n) {
   const char *end = p + n, *nl;
-  if (s->file >= 0 && mp_write_all(s->file, p, n) != 0) {
+  int err;
+  if (s->file >= 0 && (err = mp_write_all(s->file, p, n)) != 0) {
     close(s->file);  /* a full disk loses the log, not the console */
     s->file = -1;
+    if (R->file_err == 0) R->file_err = err;  /* relay:close says so */
   }
   if (s->console == 0) return;
   while ((nl = memchr(p, '\n', (size_t)(end - p))) != NULL) {
@@ -444,8 +447,8 @@ static void close_source(Relay *R, Source *s) {
   s->len = s->cap = 0;
 }
 
-/* One read; 0 when the source is finished (EOF or an error), 1 when it was
-** read or has nothing now. */
+/* One read: 1 when bytes came, 0 when there are none now, -1 when the
+** source is finished (EOF or an error) and closed. */
 static int read_source(Relay *R, Source *s) {
   ssize_t n;
   do n = read(s->fd, R->chunk, READ_SIZE); while (n < 0 && errno == EINTR);
@@ -453,9 +456,9 @@ static int read_source(Relay *R, Source *s) {
     feed(R, s, R->chunk, (size_t)n);
     return 1;
   }
-  if (n < 0 && errno == EAGAIN) return 1;
+  if (n < 0 && errno == EAGAIN) return 0;
   close_source(R, s);
-  return 0;
+  return -1;
 }
 
 /* _relay(stdout_fd, stderr_fd, status_fd): the console descriptors are
@@ -516,12 +519,7 @@ static Source *check_source(lua_State *L, Relay *R, int arg) {
 static int relay_drain(lua_State *L) {
   Relay *R = check_relay(L, 1);
   Source *s = check_source(L, R, 2);
-  if (s->fd >= 0) {
-    ssize_t n;
-    do n = read(s->fd, R->chunk, READ_SIZE);
-    while ((n > 0 && (feed(R, s, R->chunk, (size_t)n), 1)) ||
-           (n < 0 && errno == EINTR));
-  }
+  while (s->fd >= 0 && read_source(R, s) > 0) {}
   close_source(R, s);
   flush_all(R);
   return 0;
@@ -642,12 +640,18 @@ static int relay_status(lua_State *L) {
   return 0;
 }
 
-/* relay:close(): every source closed (partial lines shown), output
-** flushed, the status line erased.  Also __gc and __close. */
+/* relay:close() -> nil, or the error that cut a log file short: every
+** source closed (partial lines shown), output flushed, the status line
+** erased.  Also __gc and __close. */
 static int relay_close(lua_State *L) {
   Relay *R = mp_checkudata(L, 1, RELAY_T);
   size_t k;
   if (R->chunk == NULL) return 0;
+  if (R->file_err != 0)
+    lua_pushfstring(L, "a log file could not be written: %s",
+                    strerror(R->file_err));
+  else
+    lua_pushnil(L);
   for (k = 0; k < R->nsrc; k++) close_source(R, &R->src[k]);
   flush_all(R);
   erase_status(R);
@@ -658,7 +662,7 @@ static int relay_close(lua_State *L) {
   free(R->who);
   free(R->chunk);
   memset(R, 0, sizeof *R);
-  return 0;
+  return 1;
 }
 
 /* --- registration -------------------------------------------------------- */

@@ -612,7 +612,8 @@ function M.run(o)
     self:tick(now)
     self:draw_status(now)
   end
-  self.relay:close()
+  local lost = self.relay:close()
+  if lost then io.stderr:write("mprun: ", lost, "\n") end
   local code = self:status_code()
   if self.start_error then
     io.stderr:write("mprun: ", tostring(self.start_error), "\n")
