@@ -169,12 +169,23 @@ static int signal_arg(lua_State *L, int arg) {
 
 /* _signalfd(name, ...) -> Fd: blocks these signals in this process and
 ** gives the descriptor they are read from.  For a program's own main (the
-** launcher), never for a library user's process. */
+** launcher), never for a library user's process.  A signal inherited as
+** ignored is taken over (a shell starts background jobs with SIGINT
+** ignored, and `kill -INT` must still stop the job), except SIGHUP: nohup
+** ignores it on purpose. */
 static int l_signalfd(lua_State *L) {
   sigset_t set;
   int i, fd, n = lua_gettop(L);
   sigemptyset(&set);
-  for (i = 1; i <= n; i++) sigaddset(&set, signal_arg(L, i));
+  for (i = 1; i <= n; i++) {
+    int sig = signal_arg(L, i);
+    struct sigaction sa;
+    if (sigaction(sig, NULL, &sa) == 0 && sa.sa_handler == SIG_IGN) {
+      if (sig == SIGHUP) continue;
+      signal(sig, SIG_DFL);  /* blocked below: it is only queued */
+    }
+    sigaddset(&set, sig);
+  }
   if (sigprocmask(SIG_BLOCK, &set, NULL) != 0 ||
       (fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK)) < 0)
     return luaL_error(L, "cannot watch signals: %s", strerror(errno));
