@@ -113,6 +113,13 @@ describe("mprun", function()
       assert.are.equal((n .. "\n"):rep(n), out)
     end)
 
+    it("runs more ranks than the soft fd limit would hold; ranks keep that limit", function()
+      local out, err, code = sh("ulimit -Sn 64 && " .. MPRUN .. " -n 24 --quiet --no-prefix -e "
+        .. q[[local f = io.popen("ulimit -Sn"); io.write(f:read("a")); f:close()]])
+      assert.are.equal(0, code, err)
+      assert.are.equal(("64\n"):rep(24), out)
+    end)
+
     for _, method in ipairs(H.methods) do
       it("runs ranks with start method " .. method, function()
         local out, err, code = mprun("-n 2 --start-method " .. method ..

@@ -16,8 +16,8 @@
 **            parent-death handling still covers it and its children);
 **   parent side: _pipe, _open, _makedirs, _signalfd (mprun blocks the
 **            signals it handles and reads them: no handler), _ctx_signal
-**            (a context's workers and their process groups), _isatty,
-**            _cpus, _now.
+**            (a context's workers and their process groups), _nofile,
+**            _isatty, _cpus, _now.
 ** Everything here is internal (names start with "_"): the public face is
 ** lua/multiprocessing/mprun.lua.
 */
@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/pidfd.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -220,6 +221,26 @@ static int l_cpus(lua_State *L) {
   if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
   if (n < 1) n = sysconf(_SC_NPROCESSORS_ONLN);
   lua_pushinteger(L, n < 1 ? 1 : n);
+  return 1;
+}
+
+/* _nofile([n]) -> the soft limit on open descriptors it replaced: sets
+** it to n, or to the hard limit (a launcher holds several descriptors per
+** rank; its ranks get the old limit back). */
+static int l_nofile(lua_State *L) {
+  struct rlimit rl;
+  lua_Integer old;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+    return luaL_error(L, "getrlimit: %s", strerror(errno));
+  old = rl.rlim_cur == RLIM_INFINITY ? -1 : (lua_Integer)rl.rlim_cur;
+  if (lua_isnoneornil(L, 1))
+    rl.rlim_cur = rl.rlim_max;
+  else {
+    lua_Integer n = mp_checkinteger(L, 1);
+    rl.rlim_cur = n < 0 ? RLIM_INFINITY : (rlim_t)n;
+  }
+  setrlimit(RLIMIT_NOFILE, &rl);  /* best effort: a refusal keeps the old */
+  lua_pushinteger(L, old);
   return 1;
 }
 
@@ -697,6 +718,7 @@ void mp_open_stdio(lua_State *L) {
     {"_pipe", l_pipe}, {"_open", l_open}, {"_makedirs", l_makedirs},
     {"_signalfd", l_signalfd}, {"_ctx_signal", l_ctx_signal},
     {"_isatty", l_isatty}, {"_cpus", l_cpus}, {"_now", l_now},
+    {"_nofile", l_nofile},
     {"_rank_stdio", l_rank_stdio}, {"_setenv", l_setenv},
     {"_run_program", l_run_program}, {"_relay", l_relay}, {NULL, NULL}
   };

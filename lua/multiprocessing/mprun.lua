@@ -202,6 +202,7 @@ end
 local function rank_main(_, job)
   local c = require "multiprocessing.core"
   c._rank_stdio(job.stdin, job.stdout, job.stderr, job.linebuf)
+  c._nofile(job.nofile)   -- the limit mprun was given, not the one it raised
   for name, value in pairs(job.env) do c._setenv(name, value) end
   if job.program then c._run_program(job.program) end
   local chunk, err
@@ -288,6 +289,7 @@ function Run:start(rank)
     stdin = self.stdin and core._open("/dev/null", "r") or nil,
     env = self:env(rank), program = o.program, script = o.script,
     code = o.code, args = o.args, arg = self.arg, linebuf = self.linebuf,
+    nofile = self.nofile,
   }
   job.stdout = self:stream(rank, 1)
   job.stderr = self:stream(rank, 2)
@@ -581,6 +583,7 @@ function M.run(o)
     status = not o.quiet and core._isatty(2),
   }, Run)
   self.sigfd = core._signalfd("SIGINT", "SIGTERM", "SIGHUP", "SIGPIPE")
+  self.nofile = core._nofile()   -- each rank costs mprun about 5 descriptors
   self.relay = core._relay(1, 2, 2)
   for r = 0, o.nprocs - 1 do
     self.ranks[r + 1] = { r = r, restarts = 0, state = "running", sources = {} }
