@@ -1,0 +1,303 @@
+-- multiprocessing.cluster: engine detection from fake environments.  The
+-- variables are copied from real runs on the one-box hosts (scripts/onebox/:
+-- srun, mpirun, mpiexec.hydra across h1/h2) and, for torchrun, from the
+-- environment torch's elastic agent gives its workers.
+local cluster = require "multiprocessing.cluster"
+
+-- Environments as the second node (h2) of a two-node job saw them.
+local SLURM = {   -- srun -N 2 --ntasks-per-node=1, task 1 of job 1
+  SLURMD_NODENAME = "h2", SLURM_CLUSTER_NAME = "onebox", SLURM_CPUS_ON_NODE = "1",
+  SLURM_GTIDS = "1", SLURM_JOBID = "1", SLURM_JOB_CPUS_PER_NODE = "1(x2)",
+  SLURM_JOB_ID = "1", SLURM_JOB_NAME = "envdump.sh", SLURM_JOB_NODELIST = "h[1-2]",
+  SLURM_JOB_NUM_NODES = "2", SLURM_LAUNCH_NODE_IPADDR = "10.99.0.1", SLURM_LOCALID = "0",
+  SLURM_NNODES = "2", SLURM_NODEID = "1", SLURM_NODELIST = "h[1-2]", SLURM_NPROCS = "2",
+  SLURM_NTASKS = "2", SLURM_NTASKS_PER_NODE = "1", SLURM_PROCID = "1",
+  SLURM_SRUN_COMM_HOST = "10.99.0.1", SLURM_STEPID = "0", SLURM_STEP_ID = "0",
+  SLURM_STEP_NODELIST = "h[1-2]", SLURM_STEP_NUM_NODES = "2", SLURM_STEP_NUM_TASKS = "2",
+  SLURM_STEP_TASKS_PER_NODE = "1(x2)", SLURM_SUBMIT_HOST = "h1", SLURM_TASKS_PER_NODE = "1(x2)",
+  SLURM_TOPOLOGY_ADDR = "h2",
+}
+local SBATCH = {  -- the batch script of sbatch -N2 (not a step: no SLURM_STEP_ID)
+  SLURMD_NODENAME = "h1", SLURM_JOBID = "3", SLURM_JOB_ID = "3", SLURM_JOB_NODELIST = "h[1-2]",
+  SLURM_JOB_NUM_NODES = "2", SLURM_LOCALID = "0", SLURM_NNODES = "2", SLURM_NODEID = "0",
+  SLURM_NODELIST = "h[1-2]", SLURM_PROCID = "0", SLURM_TASKS_PER_NODE = "1(x2)",
+}
+local OPENMPI = { -- mpirun --host h1,h2 -np 2 --map-by ppr:1:node, rank 1
+  OMPI_APP_CTX_NUM_PROCS = "2", OMPI_COMMAND = "envdump.sh", OMPI_COMM_WORLD_LOCAL_RANK = "0",
+  OMPI_COMM_WORLD_LOCAL_SIZE = "1", OMPI_COMM_WORLD_NODE_RANK = "0",
+  OMPI_COMM_WORLD_RANK = "1", OMPI_COMM_WORLD_SIZE = "2", OMPI_FIRST_RANKS = "0",
+  OMPI_MCA_ess_base_jobid = "2330722305",
+  OMPI_MCA_orte_hnp_uri = "2330722304.0;tcp://10.99.0.1:42811", OMPI_MCA_orte_num_nodes = "2",
+  OMPI_NUM_APP_CTX = "1", OMPI_UNIVERSE_SIZE = "2", PMIX_HOSTNAME = "h2", PMIX_ID = "2330722305.1",
+  PMIX_NAMESPACE = "2330722305", PMIX_RANK = "1",
+}
+local HYDRA = {   -- mpiexec.hydra -hosts h1,h2 -n 2 -ppn 1, rank 1
+  HYDI_CONTROL_FD = "7", MPIR_CVAR_CH3_INTERFACE_HOSTNAME = "h2", MPI_LOCALNRANKS = "1",
+  MPI_LOCALRANKID = "0", PMI_FD = "12", PMI_RANK = "1", PMI_SIZE = "2",
+  GFORTRAN_UNBUFFERED_PRECONNECTED = "y",
+}
+local HYDRA_PROXY = {  -- its parent's command line
+  "/usr/bin/hydra_pmi_proxy", "--control-port", "h1:46719", "--rmk", "user", "--launcher",
+  "rsh", "--launcher-exec", "/work/scripts/onebox/nsrsh", "--demux", "poll", "--pgid", "0",
+  "--retries", "10", "--usize", "-2", "--pmi-port", "0", "--gpus-per-proc", "-2",
+  "--proxy-id", "1",
+}
+local TORCHRUN = {  -- torchrun --nnodes 2 --nproc-per-node 1, the worker on node 1
+  LOCAL_RANK = "0", RANK = "1", GROUP_RANK = "1", ROLE_RANK = "1", ROLE_NAME = "default",
+  LOCAL_WORLD_SIZE = "1", WORLD_SIZE = "2", GROUP_WORLD_SIZE = "2", ROLE_WORLD_SIZE = "2",
+  MASTER_ADDR = "h1", MASTER_PORT = "29400", TORCHELASTIC_RESTART_COUNT = "0",
+  TORCHELASTIC_MAX_RESTARTS = "0", TORCHELASTIC_RUN_ID = "job42",
+  TORCHELASTIC_USE_AGENT_STORE = "False", TORCH_NCCL_ASYNC_ERROR_HANDLING = "1",
+}
+
+--- 'base' with 'changes' (false removes a variable).
+local function with(base, changes)
+  local env = {}
+  for k, v in pairs(base) do env[k] = v end
+  for k, v in pairs(changes or {}) do env[k] = v or nil end
+  return env
+end
+
+--- A fake system: host "h2", the given ancestors' argument vectors.
+local function sys(ancestors)
+  return { hostname = function() return "h2" end,
+           ancestors = function() return ancestors or { { "/bin/sh" } } end }
+end
+
+local function detect(env, overrides, ancestors)
+  return cluster.detect(env, overrides, sys(ancestors))
+end
+
+--- The facts mprun and mp.world() use.
+local function node(f)
+  return { f.launcher, f.group_rank, f.group_world_size, f.master_addr, f.master_port, f.host }
+end
+
+describe("cluster.expand_hostlist", function()
+  local expand = cluster.expand_hostlist
+
+  it("expands ranges and lists, keeping zero padding and order", function()
+    assert.are.same({ "node01", "node02", "node03", "node07", "gpu5" },
+                    expand("node[01-03,07],gpu5"))
+    assert.are.same({ "h1", "h2" }, expand("h[1-2]"))
+    assert.are.same({ "n8", "n9", "n10" }, expand("n[8-10]"))
+    assert.are.same({ "n008", "n009", "n010" }, expand("n[008-010]"))
+    assert.are.same({ "a", "b", "c" }, expand("a,b,c"))
+    assert.are.same({}, expand(""))
+  end)
+
+  it("expands several brackets in one name, left to right", function()
+    assert.are.same({ "r1-n01", "r1-n02", "r2-n01", "r2-n02" }, expand("r[1-2]-n[01-02]"))
+    assert.are.same({ "x1.ib", "x3.ib", "y" }, expand("x[1,3].ib,y"))
+  end)
+
+  it("refuses malformed lists, naming them", function()
+    for _, bad in ipairs { "n[1-2", "n1-2]", "n[2-1]", "n[a-b]", "n[]", "a,,b", "n[[1]]" } do
+      local ok, err = pcall(expand, bad)
+      assert.is_false(ok, bad)
+      assert.matches("bad host list", err, 1, true)
+      assert.matches(bad, err, 1, true)
+    end
+    assert.error_matches(function() expand(nil) end, "cluster.expand_hostlist")
+  end)
+
+  it("expands Slurm's tasks-per-node counts", function()
+    assert.are.same({ 2, 2, 2, 1 }, cluster.expand_counts("2(x3),1"))
+    assert.are.same({ 1, 1 }, cluster.expand_counts("1(x2)"))
+    assert.has_error(function() cluster.expand_counts("2(x)") end)
+  end)
+end)
+
+describe("cluster.detect", function()
+  it("Slurm: the task index, the step's size, its first node, a port from the job", function()
+    local f = detect(SLURM)
+    assert.are.same({ "slurm", 1, 2, "h1", cluster.derived_port("1.0"), "h2" }, node(f))
+    assert.are.equal("1.0", f.job_id)
+    assert.are.equal(1, f.local_tasks)
+    assert.is_nil(cluster.refusal(f))
+    -- the step's node list (a step may use part of the allocation)
+    f = detect(with(SLURM, { SLURM_STEP_NODELIST = "gpu[07-08]", SLURM_JOB_NODELIST = "gpu[05-08]" }))
+    assert.are.equal("gpu07", f.master_addr)
+    f = detect(with(SLURM, { SLURM_STEP_NODELIST = false, SLURM_NODELIST = false,
+                             SLURM_JOB_NODELIST = "node[01-03,07],gpu5" }))
+    assert.are.equal("node01", f.master_addr)
+  end)
+
+  it("Slurm: without the step variables, the job's counts", function()
+    local f = detect(with(SLURM, { SLURM_STEP_NUM_TASKS = false, SLURM_STEP_NUM_NODES = false,
+                                   SLURM_STEP_TASKS_PER_NODE = false, SLURM_NTASKS = "4",
+                                   SLURM_NNODES = "4", SLURM_TASKS_PER_NODE = "1(x4)" }))
+    assert.are.same({ "slurm", 1, 4 }, { f.launcher, f.group_rank, f.group_world_size })
+    assert.is_nil(cluster.refusal(f))
+  end)
+
+  it("Slurm: a batch script is not a step: one machine", function()
+    local f = detect(SBATCH)
+    assert.are.same({ "mprun", 0, 1, "127.0.0.1", 29500, "h2" }, node(f))
+  end)
+
+  it("Open MPI: the world rank, mpirun's host from its contact URI", function()
+    local f = detect(OPENMPI)
+    assert.are.same({ "openmpi", 1, 2, "10.99.0.1", cluster.derived_port("2330722305"), "h2" },
+                    node(f))
+    assert.is_nil(cluster.refusal(f))
+    f = detect(with(OPENMPI, {
+      OMPI_MCA_orte_hnp_uri = "2330722304.0;tcp6://[fd00::1]:55811" }))
+    assert.are.equal("fd00::1", f.master_addr)
+    -- no contact URI (Open MPI 5): the address is unknown unless given
+    f = detect(with(OPENMPI, { OMPI_MCA_orte_hnp_uri = false, OMPI_MCA_ess_base_jobid = false,
+                               PMIX_NAMESPACE = "prterun-h1-4242@1" }))
+    assert.is_nil(f.master_addr)
+    assert.are.equal(cluster.derived_port("prterun-h1-4242@1"), f.master_port)
+    assert.are.equal("h1", detect(with(OPENMPI, { OMPI_MCA_orte_hnp_uri = false,
+                                                  MASTER_ADDR = "h1" })).master_addr)
+  end)
+
+  it("Open MPI inside a Slurm allocation is Open MPI", function()
+    local f = detect(with(SLURM, OPENMPI))
+    assert.are.equal("openmpi", f.launcher)
+  end)
+
+  it("Hydra: PMI_RANK, PMI_SIZE, mpiexec's host from the proxy's control port", function()
+    local f = detect(HYDRA, nil, { { "sh", "-c", "mprun" }, HYDRA_PROXY, { "mpiexec.hydra" } })
+    assert.are.same({ "hydra", 1, 2, "h1", cluster.derived_port("h1:46719"), "h2" }, node(f))
+    assert.is_nil(cluster.refusal(f))
+    -- not started by a proxy: no address unless given
+    f = detect(HYDRA)
+    assert.is_nil(f.master_addr)
+    assert.are.equal(29500, f.master_port)
+    f = detect(with(HYDRA, { MASTER_ADDR = "10.0.0.1", MASTER_PORT = "4242" }))
+    assert.are.same({ "10.0.0.1", 4242 }, { f.master_addr, f.master_port })
+  end)
+
+  it("Hydra: PMIX_RANK; PMI_RANK alone outside Slurm", function()
+    local f = detect(with(HYDRA, { PMI_RANK = false, PMIX_RANK = "1" }), nil, { HYDRA_PROXY })
+    assert.are.same({ "hydra", 1, 2 }, { f.launcher, f.group_rank, f.group_world_size })
+    f = detect({ PMI_RANK = "0", PMI_SIZE = "3" })
+    assert.are.same({ "hydra", 0, 3 }, { f.launcher, f.group_rank, f.group_world_size })
+  end)
+
+  it("srun --mpi=pmi2/pmix (PMI_RANK / PMIX_RANK in a Slurm step) is Slurm", function()
+    assert.are.equal("slurm", detect(with(SLURM, { PMI_RANK = "1", PMI_SIZE = "2" })).launcher)
+    assert.are.equal("slurm", detect(with(SLURM, { PMIX_RANK = "1" })).launcher)
+    -- Hydra bootstrapped by srun: its ranks carry MPI_LOCALNRANKS
+    assert.are.equal("hydra", detect(with(SLURM, HYDRA)).launcher)
+  end)
+
+  it("torchrun: its GROUP_RANK, GROUP_WORLD_SIZE, MASTER_ADDR and MASTER_PORT", function()
+    local f = detect(TORCHRUN)
+    assert.are.same({ "torchrun", 1, 2, "h1", 29400, "h2" }, node(f))
+    assert.are.equal("job42", f.job_id)
+    assert.is_nil(cluster.refusal(f))
+    -- an older torchrun without GROUP_WORLD_SIZE: WORLD_SIZE / LOCAL_WORLD_SIZE
+    f = detect(with(TORCHRUN, { GROUP_WORLD_SIZE = false, WORLD_SIZE = "6", LOCAL_WORLD_SIZE = "2" }))
+    assert.are.equal(3, f.group_world_size)
+    -- srun torchrun: torchrun is the nearer launcher
+    assert.are.equal("torchrun", detect(with(SLURM, TORCHRUN)).launcher)
+    -- mprun's own ranks set GROUP_RANK but are no torchrun workers
+    assert.are.equal("mprun", detect({ GROUP_RANK = "0", RANK = "3", MP_RUN_ID = "x" }).launcher)
+  end)
+
+  it("none: mprun on one machine", function()
+    assert.are.same({ "mprun", 0, 1, "127.0.0.1", 29500, "h2" }, node(detect({})))
+    local f = detect({ MASTER_ADDR = "10.1.1.1", MASTER_PORT = "1234" })
+    assert.are.same({ "10.1.1.1", 1234 }, { f.master_addr, f.master_port })
+    assert.is_nil(cluster.refusal(f))
+  end)
+
+  it("reads os.getenv by default, and a getenv-like function", function()
+    local f = cluster.detect(nil, nil, sys())
+    assert.is_string(f.launcher)
+    f = cluster.detect(function(k) return SLURM[k] end, nil, sys())
+    assert.are.equal("slurm", f.launcher)
+    assert.is_string(cluster.detect().host)
+  end)
+
+  it("overrides: --nnodes, --node-rank, --master-addr win", function()
+    local f = detect({}, { nnodes = 3, node_rank = 2, master_addr = "10.0.0.9" })
+    assert.are.same({ "mprun", 2, 3, "10.0.0.9", 29500, "h2" }, node(f))
+    f = detect(SLURM, { master_addr = "ib-h1" })
+    assert.are.same({ "slurm", 1, 2, "ib-h1" }, { f.launcher, f.group_rank, f.group_world_size, f.master_addr })
+    f = detect({ MASTER_ADDR = "a" }, { nnodes = 2, node_rank = 1, master_addr = "b" })
+    assert.are.equal("b", f.master_addr)
+    -- two nodes and no address: torchrun's default, the loopback
+    f = detect({}, { nnodes = 2, node_rank = 0 })
+    assert.are.equal("127.0.0.1", f.master_addr)
+  end)
+
+  it("refuses bad overrides and variables, naming them", function()
+    local cases = {
+      { {}, { nnodes = 0 }, "nnodes must be a whole number >= 1" },
+      { {}, { nnodes = 2.5 }, "nnodes must be" },
+      { {}, { node_rank = -1 }, "node_rank must be a whole number >= 0" },
+      { {}, { master_addr = "" }, "master_addr must be" },
+      { {}, { nnodes = 2 }, "nnodes 2 without node_rank" },
+      { {}, { nnodes = 2, node_rank = 2 }, "node rank 2 is out of range for 2 nodes" },
+      { SLURM, { node_rank = 5 }, "node rank 5 is out of range for 2 nodes" },
+      { with(SLURM, { SLURM_PROCID = "x" }), nil, 'SLURM_PROCID="x" is not a whole number' },
+      { with(OPENMPI, { OMPI_COMM_WORLD_SIZE = "0" }), nil, "OMPI_COMM_WORLD_SIZE=\"0\"" },
+      { with(OPENMPI, { OMPI_COMM_WORLD_RANK = "2" }), nil, "node rank 2 is out of range" },
+      { { MASTER_PORT = "70000" }, nil, "MASTER_PORT=70000 is not a port" },
+      { { MASTER_PORT = "http" }, nil, 'MASTER_PORT="http"' },
+      { with(SLURM, { SLURM_STEP_NODELIST = "h[1-" }), nil, "bad host list" },
+    }
+    for _, c in ipairs(cases) do
+      local ok, err = pcall(detect, c[1], c[2])
+      assert.is_false(ok, c[3])
+      assert.matches(c[3], err, 1, true)
+      assert.matches("^multiprocessing.cluster: ", err)
+    end
+  end)
+
+  it("derives one port per job, the same on every node, below the ephemeral range", function()
+    local seen = {}
+    for job = 1, 200 do
+      local p = detect(with(SLURM, { SLURM_JOB_ID = tostring(job) })).master_port
+      assert.are.equal(p, detect(with(SLURM, { SLURM_JOB_ID = tostring(job), SLURM_PROCID = "0",
+                                               SLURM_NODEID = "0" })).master_port)
+      assert.is_true(p >= 20000 and p < 30000)
+      seen[p] = true
+    end
+    local distinct = 0
+    for _ in pairs(seen) do distinct = distinct + 1 end
+    assert.is_true(distinct > 190)
+  end)
+end)
+
+describe("cluster.refusal", function()
+  local function refusal(env, ancestors)
+    return cluster.refusal(detect(env, nil, ancestors))
+  end
+
+  it("more than one copy on this node, from each engine's local count", function()
+    assert.matches("slurm started 2 copies of mprun on host h2; run one per node %(srun "
+                   .. "%-%-ntasks%-per%-node=1%) and give mprun %-n the ranks per node",
+                   refusal(with(SLURM, { SLURM_NODEID = "0", SLURM_PROCID = "0",
+                                         SLURM_STEP_NUM_TASKS = "3",
+                                         SLURM_STEP_TASKS_PER_NODE = "2,1" })))
+    assert.matches("openmpi started 2 copies of mprun on host h2; run one per node %(mpirun "
+                   .. "%-%-map%-by ppr:1:node%)",
+                   refusal(with(OPENMPI, { OMPI_COMM_WORLD_LOCAL_SIZE = "2",
+                                           OMPI_COMM_WORLD_SIZE = "4" })))
+    assert.matches("hydra started 2 copies .* %(mpiexec %-ppn 1%)",
+                   refusal(with(HYDRA, { MPI_LOCALNRANKS = "2" })))
+    assert.matches("torchrun started 4 copies .* %(torchrun %-%-nproc%-per%-node 1%)",
+                   refusal(with(TORCHRUN, { LOCAL_WORLD_SIZE = "4", WORLD_SIZE = "8",
+                                            GROUP_WORLD_SIZE = "2" })))
+  end)
+
+  it("a node with one copy refuses too when the engine says another node has more", function()
+    -- srun -N 2 -n 3: h2 has one task, h1 two
+    assert.matches("slurm started 3 copies of mprun on 2 nodes: some node runs more than one",
+                   refusal(with(SLURM, { SLURM_PROCID = "2", SLURM_STEP_NUM_TASKS = "3",
+                                         SLURM_STEP_TASKS_PER_NODE = "2,1" })))
+    -- mpirun -np 3 on two nodes
+    assert.matches("openmpi started 3 copies of mprun on 2 nodes",
+                   refusal(with(OPENMPI, { OMPI_COMM_WORLD_SIZE = "3" })))
+  end)
+
+  it("differing command lines (MPMD) under Open MPI", function()
+    assert.matches("openmpi started 2 different command lines %(MPMD ':'%)",
+                   refusal(with(OPENMPI, { OMPI_NUM_APP_CTX = "2" })))
+  end)
+end)
