@@ -301,3 +301,27 @@ describe("cluster.refusal", function()
                    refusal(with(OPENMPI, { OMPI_NUM_APP_CTX = "2" })))
   end)
 end)
+
+describe("cluster.abort_job", function()
+  local H = require "helpers"
+
+  it("sends PMI's abort with the exit code over Hydra's PMI_FD", function()
+    local name = os.tmpname()
+    local f = assert(io.open(name, "w"))
+    local fd = H.sh(("ls -l /proc/%d/fd"):format(H.pid()))
+                :match("(%d+) %-> " .. name:gsub("%p", "%%%0") .. "\n")
+    assert.is_truthy(fd, "the temporary file's descriptor")
+    local facts = detect(HYDRA, nil, { HYDRA_PROXY })
+    assert.is_true(cluster.abort_job(facts, 7, with(HYDRA, { PMI_FD = fd })))
+    f:close()
+    assert.are.equal("cmd=abort exitcode=7\n", H.read(name))
+    os.remove(name)
+  end)
+
+  it("does nothing where the exit itself stops the job", function()
+    for _, env in ipairs { SLURM, OPENMPI, TORCHRUN, {} } do
+      assert.is_false(cluster.abort_job(detect(env), 5, with(env, { PMI_FD = "1" })))
+    end
+    assert.is_false(cluster.abort_job(detect(HYDRA), 5, with(HYDRA, { PMI_FD = false })))
+  end)
+end)
