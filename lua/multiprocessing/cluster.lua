@@ -189,11 +189,12 @@ local function ancestors()
   return out
 end
 
-local function hostname()
+--- This machine's host name (the UTS namespace's, as hostname(1) says).
+function M.hostname()
   return ((read_file("/proc/sys/kernel/hostname") or "localhost"):gsub("%s+$", ""))
 end
 
-M.system = { ancestors = ancestors, hostname = hostname }
+M.system = { ancestors = ancestors, hostname = M.hostname }
 
 --- Hydra's proxy command line: "--control-port HOST:PORT" of the nearest
 -- hydra_pmi_proxy among our ancestors, or nil.
