@@ -29,6 +29,7 @@ onebox_shm() {
 # onebox_kill HOST: SIGKILLs everything running on HOST, its keeper too.
 onebox_kill() {
     _pids="$(onebox_procs "$1") $(cat "$ONEBOX/$1.keeper")"
+    # shellcheck disable=SC2086  # one word per pid
     kill -KILL $_pids 2>/dev/null
     return 0
 }

@@ -35,6 +35,7 @@ fi
 
 ONEBOX=$(mktemp -d "${TMPDIR:-/tmp}/onebox.XXXXXX")
 export ONEBOX ONEBOX_LIB="$here/lib.sh"
+# shellcheck source=scripts/onebox/lib.sh
 . "$ONEBOX_LIB"
 
 teardown() {

@@ -15,6 +15,7 @@ set -u
 engine=$1 out=$2
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+# shellcheck source=scripts/onebox/lib.sh
 . "$ONEBOX_LIB"
 export NPER=4 LUA_MP_BUILD="${LUA_MP_BUILD:-build}"
 

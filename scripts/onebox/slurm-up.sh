@@ -8,6 +8,7 @@
 # with the daemons' logs on stderr when the cluster does not come up.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=scripts/onebox/lib.sh
 . "$ONEBOX_LIB"
 state=$ONEBOX/slurm
 mkdir -p "$state/state" "$state/spool/h1" "$state/spool/h2" "$state/log"
