@@ -304,6 +304,7 @@ end)
 
 describe("cluster.abort_job", function()
   local H = require "helpers"
+  H.leak_check(before_each, after_each)
 
   it("sends PMI's abort with the exit code over Hydra's PMI_FD", function()
     local name = os.tmpname()
