@@ -326,3 +326,125 @@ describe("cluster.abort_job", function()
     assert.is_false(cluster.abort_job(detect(HYDRA), 5, with(HYDRA, { PMI_FD = false })))
   end)
 end)
+
+describe("mprun under an engine", function()
+  local H = require "helpers"
+  H.leak_check(before_each, after_each)
+
+  local function q(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+  --- mprun with the engine's variables (a table) in its environment;
+  -- returns stdout, stderr, exit status.
+  local function mprun(env, args)
+    local vars = {}
+    for k, v in pairs(env) do vars[#vars + 1] = k .. "=" .. q(v) end
+    local out, err = os.tmpname(), os.tmpname()
+    local _, _, code = os.execute(("env %s ./scripts/mprun %s >%s 2>%s </dev/null")
+                                  :format(table.concat(vars, " "), args, out, err))
+    local o, e = H.read(out), H.read(err)
+    os.remove(out)
+    os.remove(err)
+    return o, e, code
+  end
+
+  local function sorted_lines(s)
+    local t = {}
+    for l in s:gmatch("([^\n]*)\n") do t[#t + 1] = l end
+    table.sort(t)
+    return t
+  end
+
+  local SHOW = q(H.PATHS .. [[
+    local w = require("multiprocessing").world()
+    local v = {}
+    for _, k in ipairs { "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                         "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "MP_LAUNCHER",
+                         "MP_RUN_ID" } do v[#v + 1] = os.getenv(k) end
+    for _, x in ipairs { w.launcher, w.rank, w.world_size, w.group_rank, w.master_addr } do
+      v[#v + 1] = tostring(x)
+    end
+    print(table.concat(v, " "))]])
+
+  it("numbers its ranks from the node's index: RANK = GROUP_RANK * n + LOCAL_RANK", function()
+    local out, err, code = mprun(SLURM, "-n 4 -e " .. SHOW)
+    assert.are.equal(0, code, err)
+    local port = cluster.derived_port("1.0")
+    local want = {}
+    for l = 0, 3 do
+      want[#want + 1] = ("[rank%d]: %d %d 8 4 1 2 h1 %d slurm slurm-1.0 slurm %d 8 1 h1")
+                        :format(4 + l, 4 + l, l, port, 4 + l)
+    end
+    assert.are.same(want, sorted_lines(out))
+    -- the summary says which host spoke
+    assert.matches("^" .. cluster.hostname():gsub("%p", "%%%0") .. ": mprun: 4 ranks finished "
+                   .. "%(run id slurm%-1%.0,", err)
+  end)
+
+  it("under Open MPI, Hydra and torchrun alike", function()
+    for env, want in pairs {
+      [OPENMPI] = "[rank2]: 2 0 4 2 1 2 10.99.0.1",
+      [TORCHRUN] = "[rank2]: 2 0 4 2 1 2 h1 29400 torchrun",
+      [HYDRA] = "[rank2]: 2 0 4 2 1 2",   -- no proxy above us: no address
+    } do
+      local out, err, code = mprun(env, "-n 2 -e " .. SHOW)
+      assert.are.equal(0, code, err)
+      assert.are.equal(want, sorted_lines(out)[1]:sub(1, #want))
+    end
+  end)
+
+  it("takes --nnodes, --node-rank and --master-addr over the engine's", function()
+    local out, err, code = mprun({}, "-n 2 --nnodes 3 --node-rank 2 --master-addr 10.0.0.9 "
+                                 .. "--run-id r -e " .. SHOW)
+    assert.are.equal(0, code, err)
+    assert.are.same({ "[rank4]: 4 0 6 2 2 3 10.0.0.9 29500 mprun r mprun 4 6 2 10.0.0.9",
+                      "[rank5]: 5 1 6 2 2 3 10.0.0.9 29500 mprun r mprun 5 6 2 10.0.0.9" },
+                    sorted_lines(out))
+    out, err, code = mprun(SLURM, "-n 1 --node-rank 0 --master-addr ib0 -e " .. SHOW)
+    assert.are.equal(0, code, err)
+    assert.matches("^0 0 2 1 0 2 ib0 ", out)
+  end)
+
+  it("refuses, before any rank starts, what cannot be numbered", function()
+    local marker = os.tmpname()
+    os.remove(marker)
+    local touch = "-e " .. q(("io.open(%q, 'w'):close()"):format(marker))
+    for _, c in ipairs {
+      { with(SLURM, { SLURM_NODEID = "0", SLURM_PROCID = "0", SLURM_STEP_TASKS_PER_NODE = "2,1",
+                      SLURM_STEP_NUM_TASKS = "3" }), "-n 2",
+        "slurm started 2 copies of mprun on host " .. cluster.hostname() },
+      { with(OPENMPI, { OMPI_COMM_WORLD_SIZE = "3" }), "-n 2",
+        "openmpi started 3 copies of mprun on 2 nodes" },
+      { SLURM, "-n auto", "-n auto on 2 nodes" },
+      { {}, "--nnodes 2 --node-rank 2", "node rank 2 is out of range for 2 nodes" },
+      { {}, "--nnodes 0", "--nnodes must be an integer >= 1" },
+      { {}, "--nnodes 2", "nnodes 2 without node_rank" },
+      { {}, "--master-addr ''", "--master-addr must not be empty" },
+    } do
+      local out, err, code = mprun(c[1], c[2] .. " " .. touch)
+      assert.are.equal(2, code, c[3])
+      assert.are.equal("", out)
+      assert.matches(c[3], err, 1, true)
+      assert.is_nil(io.open(marker), "a rank started")
+    end
+  end)
+
+  it("writes its logs under a directory per host", function()
+    local dir = H.sh("mktemp -d"):gsub("%s+$", "")
+    local _, err, code = mprun(SLURM, "-n 2 --log-dir " .. dir .. " -e 'print(os.getenv(\"RANK\"))'")
+    assert.are.equal(0, code, err)
+    local host = cluster.hostname()
+    for r = 2, 3 do
+      assert.are.equal(r .. "\n", H.read(("%s/slurm-1.0/%s/attempt_0/%d/stdout.log")
+                                         :format(dir, host, r)))
+    end
+    H.sh("rm -rf " .. q(dir))
+  end)
+
+  it("prefixes its failure summary with the host's name", function()
+    local _, err, code = mprun(SLURM, "-n 2 -e 'if os.getenv(\"LOCAL_RANK\") == \"1\" then os.exit(7) end'")
+    assert.are.equal(7, code)
+    local host = cluster.hostname():gsub("%p", "%%%0")
+    for line in err:gmatch("([^\n]*)\n") do assert.matches("^" .. host .. ": ", line) end
+    assert.matches(host .. ":   rank       : 3 %(local_rank 1 of 2%)", err)
+  end)
+end)

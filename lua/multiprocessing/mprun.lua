@@ -12,6 +12,7 @@
 --   M.parse(argv) -> options, or nil, usage message
 local core = require "multiprocessing.core"
 local mp = require "multiprocessing"
+local cluster = require "multiprocessing.cluster"
 local world = require "multiprocessing.world"
 
 local M = {}
@@ -36,12 +37,20 @@ options:
   --ranks LIST            which ranks reach the console, e.g. 0,2-3 (default all)
   --no-prefix             no "[rankN]: " line prefixes (default: prefixes when N > 1)
   --quiet                 no status line, no summary on success
-  --run-id ID             the run's id (default: a fresh one)
+  --run-id ID             the run's id (default: the engine's job id, else a fresh one)
+  --nnodes N              nodes in the job (default: from the cluster engine, else 1)
+  --node-rank R           this node's index, 0 .. N-1 (default: from the engine, else 0)
+  --master-addr HOST      node 0's address, for the ranks' rendezvous (default: from
+                          the engine, else 127.0.0.1)
   -h, --help              this help
 
 Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
-MP_RESTART_COUNT, MP_MAX_RESTARTS, MP_RUN_ID in its environment (in Lua:
+GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MP_RESTART_COUNT,
+MP_MAX_RESTARTS, MP_RUN_ID, MP_LAUNCHER in its environment (in Lua:
 require("multiprocessing").world()), and `arg` as lua5.4 sets it.
+Under srun, mpirun, mpiexec or torchrun (one mprun per node), RANK =
+GROUP_RANK * N + LOCAL_RANK with GROUP_RANK the node's index from the engine;
+--ranks, the "[rankN]: " prefixes and the log files use RANK.
 Exit status: 0 when every rank exited 0; else the first failure's exit code,
 or 128 + its signal number; 124 on --timeout; 130/143 on SIGINT/SIGTERM;
 2 on bad usage.
@@ -95,7 +104,8 @@ local VALUED = {
   ["--max-restarts"] = "max_restarts", ["--restart"] = "restart",
   ["--grace-period"] = "grace_period", ["--timeout"] = "timeout",
   ["--log-dir"] = "log_dir", ["--ranks"] = "ranks", ["--run-id"] = "run_id",
-  ["-e"] = "code",
+  ["-e"] = "code", ["--nnodes"] = "nnodes", ["--node-rank"] = "node_rank",
+  ["--master-addr"] = "master_addr",
 }
 local FLAGS = {
   ["--tee"] = "tee", ["--no-prefix"] = "no_prefix", ["--quiet"] = "quiet",
@@ -144,6 +154,33 @@ local function fresh_run_id()
   return (bytes:gsub(".", function(c) return ("%02x"):format(c:byte()) end))
 end
 
+--- The node's facts (world.node) under the --nnodes, --node-rank and
+-- --master-addr overrides; refuses, before any rank starts, what cannot be
+-- numbered: more than one mprun per node, -n auto on several nodes.
+local function node_of(o)
+  if o.master_addr == "" then usage_error("--master-addr must not be empty") end
+  local overrides = {
+    nnodes = o.nnodes and integer("--nnodes", o.nnodes, 1),
+    node_rank = o.node_rank and integer("--node-rank", o.node_rank, 0),
+    master_addr = o.master_addr,
+  }
+  local ok, node = pcall(world.node, overrides)
+  if not ok then usage_error("%s", (tostring(node):gsub("^multiprocessing%.cluster: ", ""))) end
+  local why = cluster.refusal(node)
+  if why then usage_error("%s", why) end
+  if o.auto and node.group_world_size > 1 then
+    usage_error("-n auto on %d nodes: their CPU counts may differ and the ranks would "
+                .. "not line up; give -n a number", node.group_world_size)
+  end
+  return node
+end
+
+--- Under an engine, a run id every node shares: its job id.
+local function job_run_id(node)
+  if node.launcher == "mprun" or not node.job_id then return nil end
+  return (node.launcher .. "-" .. node.job_id):gsub("[^%w._-]", "_")
+end
+
 --- Options, checked: everything a run needs, or raises {usage = message}.
 local function check(o)
   if o.help then return o end
@@ -151,6 +188,7 @@ local function check(o)
   if what == 0 then usage_error("no script, -e code or -- program given") end
   if what > 1 then usage_error("give one of: a script, -e code, -- program") end
   if o.nprocs == "auto" then
+    o.auto = true
     o.nprocs = core._cpus()
   else
     o.nprocs = integer("-n/--nprocs", o.nprocs or "1", 1)
@@ -169,9 +207,11 @@ local function check(o)
     o.timeout = seconds("--timeout", o.timeout)
     if o.timeout == 0 then o.timeout = nil end   -- as timeout(1): 0 is none
   end
-  o.ranks = o.ranks and rank_set(o.ranks, o.nprocs)
+  o.node = node_of(o)
+  o.first_rank = o.node.group_rank * o.nprocs
+  o.ranks = o.ranks and rank_set(o.ranks, o.node.group_world_size * o.nprocs)
   if o.run_id == "" then usage_error("--run-id must not be empty") end
-  o.run_id = o.run_id or fresh_run_id()
+  o.run_id = o.run_id or job_run_id(o.node) or fresh_run_id()
   if o.log_dir then
     local ok, err = core._makedirs(o.log_dir)
     if o.log_dir == "" or not ok then usage_error("--log-dir: %s", err or "empty") end
@@ -246,33 +286,38 @@ end
 function Run:stream(rank, stream)
   local o, file = self.o, nil
   if o.log_dir then
-    local dir = ("%s/%s/attempt_%d/%d"):format(o.log_dir, o.run_id, rank.restarts, rank.r)
+    -- several nodes: a directory per host, so no two nodes share a file
+    local host = o.node.group_world_size > 1 and ("/" .. o.node.host) or ""
+    local dir = ("%s/%s%s/attempt_%d/%d"):format(o.log_dir, o.run_id, host, rank.restarts,
+                                                 rank.global)
     local ok, err = core._makedirs(dir)
     if not ok then error(err, 0) end
     file, err = core._open(("%s/%s.log"):format(dir, stream == 1 and "stdout" or "stderr"), "w")
     if not file then error(err, 0) end
   end
-  if not shown(o, rank.r) then
+  if not shown(o, rank.global) then
     return file or assert(core._open("/dev/null", "w"))
   end
   local r, w = core._pipe()
   rank.sources[#rank.sources + 1] =
-    self.relay:add(r, stream, o.prefix and ("[rank%d]: "):format(rank.r) or nil, file)
+    self.relay:add(r, stream, o.prefix and ("[rank%d]: "):format(rank.global) or nil, file)
   return w
 end
 
 --- A rank's environment.  Which node this is among how many comes from
 -- world.node(), the one place that knows about nodes (one machine: node 0
--- of 1); the global rank counts the nodes before ours.
+-- of 1; under a cluster engine, what it says); the global rank counts the
+-- nodes before ours.
 function Run:env(rank)
-  local o, node = self.o, self.node
+  local o, node = self.o, self.o.node
   local env = {
-    RANK = tostring(node.group_rank * o.nprocs + rank.r), LOCAL_RANK = tostring(rank.r),
+    RANK = tostring(rank.global), LOCAL_RANK = tostring(rank.r),
     WORLD_SIZE = tostring(node.group_world_size * o.nprocs),
     LOCAL_WORLD_SIZE = tostring(o.nprocs),
     GROUP_RANK = tostring(node.group_rank),
     GROUP_WORLD_SIZE = tostring(node.group_world_size),
     MASTER_ADDR = node.master_addr,
+    MP_LAUNCHER = node.launcher,
     MP_RESTART_COUNT = tostring(rank.restarts),
     MP_MAX_RESTARTS = tostring(o.max_restarts),
     MP_RUN_ID = o.run_id,
@@ -504,23 +549,16 @@ local function what_failed(f)
   return "exit code", tostring(f.exit_code)
 end
 
-local function hostname()
-  local f = io.open("/proc/sys/kernel/hostname")
-  local name = f and f:read("l")
-  if f then f:close() end
-  return name or "?"
-end
-
 --- The lines of one failure ('run' gives the world around it).
 local function describe(out, f, run)
-  local n, node = run.o.nprocs, run.node
+  local n, node = run.o.nprocs, run.o.node
   if f.rank == "all" then
     out[#out + 1] = "  rank       : all"
   else
     out[#out + 1] = ("  rank       : %d (local_rank %d of %d)")
       :format(node.group_rank * n + f.rank, f.rank, n)
   end
-  out[#out + 1] = ("  host       : %s"):format(run.host)
+  out[#out + 1] = ("  host       : %s"):format(node.host)
   if f.pid then out[#out + 1] = ("  pid        : %d"):format(f.pid) end
   out[#out + 1] = ("  attempt    : %d"):format(f.restarts)
   out[#out + 1] = ("  %-10s : %s"):format(what_failed(f))
@@ -541,7 +579,6 @@ function Run:summary()
   local what = o.program and o.program[1] or o.script or "-e"
   local attempt = o.restart == "group" and ("attempt " .. self.attempt)
                   or ("%d rank restart%s"):format(self.restarts, self.restarts == 1 and "" or "s")
-  self.host = hostname()
   local out = {
     RULE,
     ("mprun: %s FAILED (run id %s, %s, %d rank%s)"):format(what, o.run_id,
@@ -557,6 +594,16 @@ function Run:summary()
   end
   out[#out + 1] = RULE
   return table.concat(out, "\n") .. "\n"
+end
+
+--- Writes mprun's own lines to stderr; on several nodes each starts with
+-- the host's name, so the engine's merged output says which node spoke.
+function Run:say(text)
+  local node = self.o.node
+  if node.group_world_size > 1 then
+    text = text:gsub("[^\n]*\n", function(line) return node.host .. ": " .. line end)
+  end
+  io.stderr:write(text)
 end
 
 --- mprun's exit status.
@@ -576,7 +623,7 @@ end
 --- Runs the job described by the options; returns mprun's exit status.
 function M.run(o)
   local self = setmetatable({
-    o = o, node = world.node(), attempt = 0, restarts = 0, ranks = {},
+    o = o, attempt = 0, restarts = 0, ranks = {},
     contexts = { n = o.nprocs },
     failures = {}, dead = {}, arg = o.program == nil and lua_arg(o) or nil,
     stdin = core._isatty(0), linebuf = core._isatty(1), t0 = core._now(), drawn = -math.huge,
@@ -586,7 +633,8 @@ function M.run(o)
   self.nofile = core._nofile()   -- each rank costs mprun about 5 descriptors
   self.relay = core._relay(1, 2, 2)
   for r = 0, o.nprocs - 1 do
-    self.ranks[r + 1] = { r = r, restarts = 0, state = "running", sources = {} }
+    self.ranks[r + 1] = { r = r, global = o.first_rank + r, restarts = 0, state = "running",
+                          sources = {} }
     self.contexts[r + 1] = false
   end
   self.attempt_started = self.t0
@@ -616,18 +664,18 @@ function M.run(o)
     self:draw_status(now)
   end
   local lost = self.relay:close()
-  if lost then io.stderr:write("mprun: ", lost, "\n") end
+  if lost then self:say("mprun: " .. lost .. "\n") end
   local code = self:status_code()
   if self.start_error then
-    io.stderr:write("mprun: ", tostring(self.start_error), "\n")
+    self:say("mprun: " .. tostring(self.start_error) .. "\n")
     code = 1
   elseif self.signal then
-    io.stderr:write(("mprun: %s: every rank was terminated (run id %s)\n")
+    self:say(("mprun: %s: every rank was terminated (run id %s)\n")
       :format(self.signal, o.run_id))
   elseif self.root then
-    io.stderr:write(self:summary())
+    self:say(self:summary())
   elseif not o.quiet then
-    io.stderr:write(("mprun: %d rank%s finished (run id %s, %d restart%s, %.2fs)\n")
+    self:say(("mprun: %d rank%s finished (run id %s, %d restart%s, %.2fs)\n")
       :format(o.nprocs, o.nprocs == 1 and "" or "s", o.run_id, self.restarts,
               self.restarts == 1 and "" or "s", core._now() - self.t0))
   end
@@ -650,7 +698,10 @@ function M.main(argv)
     os.exit(0)
   end
   io.stdout:flush()
-  os.exit(M.run(o))
+  local code = M.run(o)
+  -- Hydra stops the other nodes only when told (cluster.abort_job)
+  if code ~= 0 then cluster.abort_job(o.node, code) end
+  os.exit(code)
 end
 
 return M

@@ -4,13 +4,17 @@
 --   mp.world() -> {rank=, local_rank=, world_size=, local_world_size=,
 --                  group_rank=, group_world_size=, restart_count=,
 --                  max_restarts=, run_id=, master_addr=, master_port=,
---                  launcher=}
+--                  launcher=, host=}
+--   launcher: "slurm" | "openmpi" | "hydra" | "torchrun" | "mprun", or nil
+--   when nothing launched this process
 --
 -- The per-process facts come from the variables a launcher sets (mprun and
 -- torchrun set the same names: RANK, LOCAL_RANK, WORLD_SIZE,
 -- LOCAL_WORLD_SIZE, GROUP_RANK, and ours where torch says TORCHELASTIC_*:
 -- MP_RESTART_COUNT, MP_MAX_RESTARTS, MP_RUN_ID).  The node-level facts come
 -- from M.node() alone.  Not launched: rank 0 of a world of 1.
+local cluster = require "multiprocessing.cluster"
+
 local M = {}
 
 local function int(name, default)
@@ -22,34 +26,41 @@ end
 --- The node-level facts: which node (group) this is among how many, where
 -- the job's rendezvous is, and which launcher started the job.
 --
--- This is the ONE place that knows about nodes.  Today it knows one
--- machine: mprun sets GROUP_RANK (0) and MP_RUN_ID, and the defaults are
--- those of a single node.  Engine detection (Slurm, Open MPI, Hydra,
--- torchrun) belongs here: it returns the same fields, filled from the
--- engine's own variables, and every caller gets it through this function:
--- mp.world() in a rank, and mprun, which gives its ranks GROUP_RANK,
--- GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT from it and counts RANK and
--- WORLD_SIZE over the nodes (its --nnodes/--node-rank options belong here
--- too, as overrides of what this returns).
-function M.node()
-  local launched = os.getenv("MP_RUN_ID") ~= nil
-  return {
-    launcher = launched and "mprun" or nil,
-    group_rank = int("GROUP_RANK", 0),
-    group_world_size = int("GROUP_WORLD_SIZE", 1),
-    master_addr = os.getenv("MASTER_ADDR") or "127.0.0.1",
-    master_port = int("MASTER_PORT", nil),
-  }
+-- This is the ONE place that knows about nodes.  In a rank of mprun they are
+-- what mprun found once for its node and gave its ranks (GROUP_RANK,
+-- GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, MP_LAUNCHER).  Anywhere else
+-- -- mprun itself, or a script an engine started without mprun -- they come
+-- from multiprocessing.cluster: the engine's own variables (Slurm, Open
+-- MPI, Hydra, torchrun), with 'overrides' (nnodes, node_rank, master_addr:
+-- mprun's --nnodes, --node-rank, --master-addr) on top.  A process nothing
+-- launched is node 0 of 1 with launcher nil; mprun, which always passes its
+-- overrides ({} when none), sees launcher "mprun" there.
+function M.node(overrides)
+  if os.getenv("MP_RUN_ID") ~= nil and overrides == nil then
+    return {
+      launcher = os.getenv("MP_LAUNCHER") or "mprun",
+      group_rank = int("GROUP_RANK", 0),
+      group_world_size = int("GROUP_WORLD_SIZE", 1),
+      master_addr = os.getenv("MASTER_ADDR"),
+      master_port = int("MASTER_PORT", nil),
+      host = cluster.hostname(),
+    }
+  end
+  local node = cluster.detect(nil, overrides)
+  if node.launcher == "mprun" and overrides == nil then node.launcher = nil end
+  return node
 end
 
 --- mp.world(): the table above; a process that no launcher started is
--- rank 0 of a world of 1 (launcher nil).
+-- rank 0 of a world of 1 (launcher nil).  A process an engine started
+-- without mprun (one per node) is rank group_rank of group_world_size, the
+-- only one on its node: its own ranks are group_rank * n + i.
 function M.world()
   local w = M.node()
-  w.rank = int("RANK", 0)
-  w.world_size = int("WORLD_SIZE", 1)
-  w.local_rank = int("LOCAL_RANK", w.rank)
-  w.local_world_size = int("LOCAL_WORLD_SIZE", w.world_size)
+  w.rank = int("RANK", w.group_rank)
+  w.world_size = int("WORLD_SIZE", w.group_world_size)
+  w.local_rank = int("LOCAL_RANK", 0)
+  w.local_world_size = int("LOCAL_WORLD_SIZE", 1)
   w.restart_count = int("MP_RESTART_COUNT", 0)
   w.max_restarts = int("MP_MAX_RESTARTS", 0)
   w.run_id = os.getenv("MP_RUN_ID")
