@@ -1,7 +1,8 @@
 -- The cluster engines for real, on two hosts made of namespaces on this
 -- machine (scripts/onebox/): Open MPI's mpirun, MPICH's Hydra mpiexec and
--- Slurm (slurmctld + two slurmd, munge) each start scripts/onebox/job.lua
--- once per host; each copy runs 4 ranks with the library.  Checked: ranks,
+-- Slurm (slurmctld + two slurmd, munge) each start, once per host, mprun
+-- (`mprun -n 4 scripts/onebox/rank.lua`) and a script using the library
+-- directly (scripts/onebox/job.lua, 4 ranks of start_processes).  Checked: ranks,
 -- world size and placement, a failing rank stopping the whole job with its
 -- code, two copies per host refused before any rank starts, and nothing --
 -- no process, no /dev/shm entry -- left on either host.
@@ -33,10 +34,10 @@ local function why_not(engine)
 end
 
 --- The scenarios' results: out[name] = {out=, rc=, secs=, left=, shm=}.
-local function run_scenarios(engine)
+local function run_scenarios(engine, job)
   local dir = H.sh("mktemp -d"):gsub("%s+$", "")
-  local cmd = ("sh scripts/onebox/onebox.sh %s sh scripts/onebox/scenarios.sh %s %s 2>&1; echo rc=$?")
-              :format(engine.wrap or "", engine.name, dir)
+  local cmd = ("sh scripts/onebox/onebox.sh %s sh scripts/onebox/scenarios.sh %s %s %s 2>&1; "
+               .. "echo rc=$?"):format(engine.wrap or "", engine.name, job, dir)
   local log = H.sh(cmd)
   local res = {}
   for _, name in ipairs { "ok", "fail", "two" } do
@@ -68,15 +69,22 @@ local function nothing_left(r)
   assert.are.equal("", r.shm, "/dev/shm entries left on the hosts")
 end
 
+-- What a failing rank 6 (local rank 2 on h2) makes its node's copy say.
+local ROOT_CAUSE = {
+  library = { "h2: process 2 terminated with exit code 5" },
+  mprun = { "h2:   rank       : 6 (local_rank 2 of 4)", "h2:   exit code  : 5" },
+}
+
 for _, engine in ipairs(ENGINES) do
   local skip = why_not(engine)
   if skip then
     io.stderr:write(("\n*** onebox_spec: %s runs SKIPPED: %s ***\n"):format(engine.name, skip))
     pending(engine.name .. " on two one-box hosts: skipped, " .. skip)
-  else
-    describe(engine.name .. " on two one-box hosts", function()
+  end
+  for _, job in ipairs(skip and {} or { "mprun", "library" }) do
+    describe(("%s under %s on two one-box hosts"):format(job, engine.name), function()
       local res
-      lazy_setup(function() res = run_scenarios(engine) end)
+      lazy_setup(function() res = run_scenarios(engine, job) end)
 
       it("runs 4 ranks per host, numbered node-major, and says which engine", function()
         local r = res.ok
@@ -108,7 +116,7 @@ for _, engine in ipairs(ENGINES) do
           assert.matches("h2: task 1: Exited with exit code 5", r.out, 1, true)
         else
           assert.are.equal(5, r.rc, r.out)
-          assert.matches("h2: process 2 terminated with exit code 5", r.out, 1, true)
+          for _, said in ipairs(ROOT_CAUSE[job]) do assert.matches(said, r.out, 1, true) end
         end
         -- the other ranks sleep 600 s: the engine stopped them
         assert.is_true(r.secs < 300, r.out)

@@ -372,17 +372,19 @@ end
 -- node fails: call it before exiting non-zero.  srun --kill-on-bad-exit,
 -- mpirun and torchrun's rendezvous react to the exit itself; Hydra stops
 -- the other nodes only when a process dies by a signal or aborts through
--- PMI, so under Hydra this sends PMI's abort over the PMI_FD it gave us
--- (mpiexec then kills every node and exits with 'code').  Returns true
--- when a message was sent.
+-- PMI, so under Hydra this sends PMI's abort over the PMI_FD it gave us,
+-- half a second after the call (mpiexec then kills every node and exits
+-- with 'code').  Returns true when a message was sent.
 function M.abort_job(facts, code, env)
   local get = type(env) == "table" and function(k) return env[k] end or env or os.getenv
   local fd = math.tointeger(tonumber(get("PMI_FD") or ""))
   if facts.launcher ~= "hydra" or not fd or fd < 0 then return false end
   code = math.tointeger(code) or 1
-  -- bash: dash cannot redirect to a descriptor above 9
-  return os.execute(("exec bash -c 'printf \"cmd=abort exitcode=%d\\\\n\" >&%d' 2>/dev/null")
-                    :format(code, fd)) == true
+  -- bash: dash cannot redirect to a descriptor above 9.  The pause first:
+  -- the proxy kills us on the abort, and what we wrote last (the summary)
+  -- must have left our pipes by then.
+  return os.execute(("exec bash -c 'sleep 0.5; printf \"cmd=abort exitcode=%d\\\\n\" >&%d' "
+                     .. "2>/dev/null"):format(code, fd)) == true
 end
 
 return M

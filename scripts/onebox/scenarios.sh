@@ -1,8 +1,9 @@
 #!/bin/sh
 # Run by onebox.sh (for slurm, through slurm-up.sh):
-#   sh scripts/onebox/scenarios.sh openmpi|hydra|slurm OUTDIR
-# starts job.lua with the engine from host h1, one copy per host, in three
-# runs, and leaves for each run NAME in OUTDIR: NAME.out (the engine's
+#   sh scripts/onebox/scenarios.sh openmpi|hydra|slurm library|mprun OUTDIR
+# starts, with the engine from host h1, one copy per host of job.lua (the
+# library used directly) or of `mprun -n 4 rank.lua`, in three runs, and
+# leaves for each run NAME in OUTDIR: NAME.out (the engine's
 # stdout and stderr), NAME.rc (its exit status), NAME.secs (how long it
 # took), NAME.left (processes still on either host once the run settled,
 # the engine's daemons left out) and NAME.shm (what the hosts' /dev/shm
@@ -12,7 +13,7 @@
 #         must stop the job
 #   two   two copies per node: refused before any rank starts
 set -u
-engine=$1 out=$2
+engine=$1 job=$2 out=$3
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 # shellcheck source=scripts/onebox/lib.sh
@@ -35,6 +36,11 @@ slurm)
     two="srun -N 2 --ntasks-per-node=2 --kill-on-bad-exit=1" ;;
 *)  echo "scenarios.sh: unknown engine $engine" >&2; exit 2 ;;
 esac
+case $job in
+library) job="lua5.4 $root/scripts/onebox/job.lua" ;;
+mprun)   job="$root/scripts/mprun -n 4 $root/scripts/onebox/rank.lua" ;;
+*)  echo "scenarios.sh: unknown job $job" >&2; exit 2 ;;
+esac
 
 # what runs on the hosts before a job: the engine's daemons
 for h in h1 h2; do onebox_procs "$h" > "$ONEBOX/$h.base"; done
@@ -44,7 +50,7 @@ left() {
 
 run() {   # run NAME LAUNCH
     start=$(date +%s)
-    onebox_in h1 "timeout -k 5 300 $2 lua5.4 $root/scripts/onebox/job.lua" \
+    onebox_in h1 "timeout -k 5 300 $2 $job" \
         > "$out/$1.out" 2>&1
     echo $? > "$out/$1.rc"
     echo $(( $(date +%s) - start )) > "$out/$1.secs"
