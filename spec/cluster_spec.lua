@@ -347,12 +347,7 @@ describe("mprun under an engine", function()
     return o, e, code
   end
 
-  local function sorted_lines(s)
-    local t = {}
-    for l in s:gmatch("([^\n]*)\n") do t[#t + 1] = l end
-    table.sort(t)
-    return t
-  end
+  local sorted_lines = H.sorted_lines
 
   local SHOW = q(H.PATHS .. [[
     local w = require("multiprocessing").world()

@@ -167,6 +167,14 @@ function H.eventually(pred, seconds)
   return pred()
 end
 
+--- The lines of 's', sorted: what parallel ranks print arrives in any order.
+function H.sorted_lines(s)
+  local t = {}
+  for l in s:gmatch("([^\n]*)\n") do t[#t + 1] = l end
+  table.sort(t)
+  return t
+end
+
 --- Runs a shell command, returns its output.
 function H.sh(cmd)
   local f = io.popen(cmd)

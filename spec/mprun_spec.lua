@@ -24,12 +24,7 @@ end
 local function mprun(args) return sh(MPRUN .. " " .. args) end
 
 --- Its lines, sorted: ranks run in parallel, only lines are whole.
-local function sorted_lines(s)
-  local t = {}
-  for l in s:gmatch("([^\n]*)\n") do t[#t + 1] = l end
-  table.sort(t)
-  return t
-end
+local sorted_lines = H.sorted_lines
 
 --- Pids whose command line (arguments joined by spaces) matches the Lua
 -- pattern; read from /proc here, not with pgrep (which can hang under the
