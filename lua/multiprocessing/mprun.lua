@@ -91,7 +91,7 @@ local function rank_set(spec, n)
     a, b = tonumber(a), tonumber(b)
     if not a or a > b then usage_error("--ranks: bad item '%s' in '%s'", item, spec) end
     if b >= n then
-      usage_error("--ranks: rank %d is out of range (nprocs is %d: ranks 0-%d)", b, n, n - 1)
+      usage_error("--ranks: rank %d is out of range (world size %d: ranks 0-%d)", b, n, n - 1)
     end
     for r = a, b do set[r] = true end
   end
