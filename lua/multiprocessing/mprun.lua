@@ -32,7 +32,8 @@ options:
                           (default 30)
   --timeout S             an attempt fails after S seconds (exit status 124; 0: none)
   --log-dir DIR           output to DIR/<run-id>/attempt_<k>/<rank>/{stdout,stderr}.log
-                          only (k: the restart count)
+                          only (k: the restart count; on several nodes
+                          DIR/<run-id>/<host>/attempt_<k>/<rank>/)
   --tee                   with --log-dir: to the console too
   --ranks LIST            which ranks reach the console, e.g. 0,2-3 (default all)
   --no-prefix             no "[rankN]: " line prefixes (default: prefixes when N > 1)
