@@ -107,6 +107,8 @@ typedef struct Chan {
   pid_t slotpid;          /* ... in this process */
   char *rbuf;             /* reused for received messages: fresh memory */
   size_t rbufcap;         /* for every big message means page faults */
+  int codec;              /* MP_CODEC_DATA; a pool's own task queue sets
+                             MP_CODEC_FUNCTIONS on its two handles */
 } Chan;
 
 typedef struct Inbox {
@@ -659,7 +661,7 @@ static int put_impl(lua_State *L, Chan *c, int vidx, double timeout,
     enc.fds = NULL;
     enc.nfds = 0;
   } else {
-    mp_encode(L, vidx, 1, MP_CODEC_DATA, names,
+    mp_encode(L, vidx, 1, c->codec, names,
               c->kind == K_QUEUE ? "through a Queue" : "through a Pipe", &enc);
   }
   mp_wait_init(&w, L, timeout);
@@ -676,7 +678,8 @@ static int put_impl(lua_State *L, Chan *c, int vidx, double timeout,
 
 static int decode_k(lua_State *L) {
   Inbox *in = (Inbox *)lua_touserdata(L, 1);
-  return mp_decode(L, in->buf, in->len, MP_CODEC_DATA, in->fds, in->nfds);
+  return mp_decode(L, in->buf, in->len, (int)lua_tointeger(L, 2), in->fds,
+                   in->nfds);
 }
 
 static int get_impl(lua_State *L, Chan *c, double timeout, const char *op,
@@ -715,7 +718,8 @@ static int get_impl(lua_State *L, Chan *c, double timeout, const char *op,
     base = lua_gettop(L);
     lua_pushcfunction(L, decode_k);
     lua_pushvalue(L, base);
-    st = lua_pcall(L, 1, LUA_MULTRET, 0);
+    lua_pushinteger(L, c->codec);
+    st = lua_pcall(L, 2, LUA_MULTRET, 0);
     if (st != LUA_OK) {
       inbox_clear(in);
       return lua_error(L);
@@ -777,6 +781,14 @@ static int q_full(lua_State *L) {
 
 static int c_close(lua_State *L) {
   chan_release(tochan(L, 1));
+  return 0;
+}
+
+/* q:_functions(): this handle sends and receives Lua functions as bytecode
+** (MP_CODEC_FUNCTIONS).  Internal: only for a queue private to a parent and
+** the workers it started (the pool's task queues), never a user's. */
+static int q_functions(lua_State *L) {
+  checkchan(L, 1)->codec = MP_CODEC_FUNCTIONS;
   return 0;
 }
 
@@ -1035,7 +1047,8 @@ static const mp_CodecType conn_codec = {CONN_T, chan_encode, chan_decode};
 static const luaL_Reg queue_methods[] = {
   {"put", q_put}, {"get", q_get}, {"put_nowait", q_put_nowait},
   {"get_nowait", q_get_nowait}, {"qsize", q_qsize}, {"empty", q_empty},
-  {"full", q_full}, {"close", c_close}, {"closed", c_closed}, {NULL, NULL}
+  {"full", q_full}, {"close", c_close}, {"closed", c_closed},
+  {"_functions", q_functions}, {NULL, NULL}
 };
 
 static const luaL_Reg conn_methods[] = {

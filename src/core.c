@@ -78,6 +78,7 @@ int luaopen_multiprocessing_core(lua_State *L) {
   mp_open_codec(L);
   mp_open_exception(L);
   mp_open_context(L);
+  mp_open_pool(L);
   mp_open_spawn(L);
   mp_open_shm(L); mp_open_array(L); mp_open_channel(L); mp_open_sync(L);
   mp_open_stdio(L);

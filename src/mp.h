@@ -16,6 +16,7 @@
 **   signames.c     signal numbers <-> names
 **   codec.c        Lua values <-> bytes (codec.h)
 **   stdio.c        descriptors for supervisors (mprun): pipes, the relay
+**   pool.c         cpu_count, a clock, TimeoutError: for mp.Pool (pool.lua)
 */
 #ifndef mp_h
 #define mp_h
@@ -180,6 +181,7 @@ void mp_open_exception(lua_State *L);
 void mp_open_context(lua_State *L);
 void mp_open_codec(lua_State *L);
 void mp_open_signames(lua_State *L);
+void mp_open_pool(lua_State *L);
 
 /* fdpass.c: descriptors over unix sockets.  At most MP_MAXFDS per message. */
 #define MP_MAXFDS 253

@@ -17,6 +17,25 @@ M._VERSION = "0.1.0"
 -- mp.world(): rank, world size, node and launcher of this process.
 M.world = require("multiprocessing.world").world
 
+-- Process pools (pool.lua) and the start method they use by default.
+local start_method = "spawn"
+local start_methods = { fork = true, spawn = true, forkserver = true }
+
+function M.set_start_method(name)
+  if not start_methods[name] then
+    error(("bad argument #1 to 'set_start_method' (unknown start method "
+           .. "'%s'; expected \"fork\", \"spawn\" or \"forkserver\")")
+          :format(tostring(name)), 2)
+  end
+  start_method = name
+end
+
+function M.get_start_method() return start_method end
+
+function M.Pool(processes, opts)
+  return require("multiprocessing.pool").new(processes, opts)
+end
+
 -- torch renamed SpawnContext to ProcessContext; the old name still works and
 -- warns once per Lua state.
 local warned_spawn_context = false

@@ -1,0 +1,1080 @@
+--- multiprocessing.pool: mp.Pool, a task farm over ProcessContexts.
+--
+-- Each worker is a ProcessContext of one process (start_processes with the
+-- pool's start method, join = false), so one worker can be killed and
+-- replaced without touching the others, and dies with the parent like any
+-- worker.  The worker body is M._worker: take a message of tasks from its
+-- own private queue, run them, post the results on the pool's result queue.
+--
+-- Messages, parent -> worker (its task Queue, which alone carries Lua
+-- functions as bytecode: q:_functions()):
+--   { mid, fid, mode, n, item1, ..., itemn, fns = {[fid] = fn}, reset = bool }
+--   mode 0: fn(item); 1: fn(table.unpack(item)); 2 (apply_async): item is
+--   {fid, args} and fns[fid](table.unpack(args)); false: stop.
+-- A function is sent to a worker once (the first message that needs it) and
+-- kept there under its id; 'reset' empties that cache when it grows large.
+-- Results, worker -> parent (the shared result Queue, data only):
+--   { mid, k0, k1, r_k0, ..., r_k1, e = {[k] = {text, value}}, d = seconds }
+--   for items k0..k1 of message mid; a message's results come in order,
+--   in one piece or, when its items are slow, in several.
+-- Which item a worker is running: cur[slot] = mid * 65536 + k in a shared
+-- int64 Array (0: starting, -1: idle), written before each item.  That is
+-- how a task timeout is seen and which task a dead worker was running.
+local core = require "multiprocessing.core"
+
+local M = {}
+
+local now, mk_exception = core._now, core._exception
+local unpack, tmove, floor, min, max = table.unpack, table.move, math.floor,
+                                       math.min, math.max
+local pcall, type, select = pcall, type, select
+
+local MID = 65536          -- cur = mid * MID + k: at most MID - 1 items a message
+local MAXMSG = 4096        -- items in one message at most
+local INFLIGHT = 2         -- messages queued to one worker at most
+local SLICE = 0.05         -- seconds between looks at the workers
+local FLUSH = 0.05         -- a worker posts partial results after this long
+local KILL_GRACE = 0.5     -- SIGTERM, then SIGKILL after this long
+local TERM_GRACE = 1.0     -- terminate(): the same for the whole pool
+local FNCACHE = 256        -- functions a worker keeps before a reset
+local APPLY_BATCH = 256   -- apply_async calls gathered while workers are busy
+local WINDOW = 65536       -- imap: results buffered ahead of the consumer
+local RESULTS_CAP = 64 << 20
+
+local START_METHODS = { fork = true, spawn = true, forkserver = true }
+
+local function mp_isinstance(v, tname)
+  local mp = require "multiprocessing"
+  return mp.isinstance(v, mp[tname])
+end
+
+---------------------------------------------------------------------------
+-- the worker
+
+local function task_traceback(e)
+  local text = debug.traceback("", 2)
+  -- the frames of the pool's own loop are not the user's
+  text = text:gsub("\n[^\n]*in function 'xpcall'.*$", "")
+  local msg = (type(e) == "string" or type(e) == "number") and tostring(e)
+  if not msg then
+    local ok, s = pcall(tostring, e)
+    msg = ok and s or ("(error object is a %s value)"):format(type(e))
+  end
+  return { text:sub(2) .. "\n" .. msg, type(e) ~= "string" and e or nil }
+end
+
+-- Posts results; a value that cannot cross becomes that item's error.
+local function post(results, out)
+  local ok, err = pcall(results.put, results, out)
+  if ok then return end
+  local k0 = out[2]
+  out.e = out.e or {}
+  for k = k0, out[3] do
+    local v = out[3 + k - k0 + 1]
+    if v ~= nil and not out.e[k]
+        and not pcall(core.encode, { to = "to the pool's parent" }, v) then
+      local _, why = pcall(core.encode, { to = "to the pool's parent",
+                                          names = { "result" } }, v)
+      out[3 + k - k0 + 1] = nil
+      out.e[k] = { "cannot send the task's result: " .. tostring(why) }
+    end
+  end
+  for k, e in pairs(out.e) do
+    if e[2] ~= nil and not pcall(core.encode, {}, e[2]) then e[2] = nil end
+    out.e[k] = e
+  end
+  ok = pcall(results.put, results, out)
+  if not ok then error(err, 0) end
+end
+
+--- The body of a pool worker (a module function: it crosses by reference).
+function M._worker(_, tasks, results, cur, slot, maxtasks, init, initargs)
+  tasks:_functions()
+  if init then init(unpack(initargs, 1, initargs.n or #initargs)) end
+  cur[slot] = -1
+  local fns, count = {}, 0
+  while true do
+    local msg = tasks:get()
+    if not msg then return end
+    if msg.reset then fns = {} end
+    if msg.fns then
+      for fid, f in pairs(msg.fns) do fns[fid] = f end
+    end
+    local mid, mode, n = msg[1], msg[3], msg[4]
+    local fn = fns[msg[2]]
+    local base, start = mid * MID, now()
+    local out, k0, flushed = { mid, 1 }, 1, start
+    for k = 1, n do
+      cur[slot] = base + k
+      local item, ok, r = msg[4 + k]
+      if mode == 0 then
+        ok, r = xpcall(fn, task_traceback, item)
+      elseif mode == 1 then
+        ok, r = xpcall(fn, task_traceback, unpack(item, 1, item.n or #item))
+      else
+        local args = item[2]
+        ok, r = xpcall(fns[item[1]], task_traceback,
+                       unpack(args, 1, args.n or #args))
+      end
+      if ok then
+        out[3 + k - k0 + 1] = r
+      else
+        out.e = out.e or {}
+        out.e[k] = r
+      end
+      if k < n then
+        local t = now()
+        if t - flushed >= FLUSH then
+          out[3] = k
+          post(results, out)
+          k0, flushed, out = k + 1, t, { mid, k + 1 }
+        end
+      end
+    end
+    out[3], out.d = n, now() - start
+    cur[slot] = -1
+    post(results, out)
+    count = count + n
+    if maxtasks and count >= maxtasks then return end
+  end
+end
+
+---------------------------------------------------------------------------
+-- argument checks: before anything is queued
+
+local function argerror(fname, i, msg, level)
+  error(("bad argument #%d to '%s' (%s)"):format(i, fname, msg), level or 3)
+end
+
+local function describe(v)
+  return math.type(v) == "float" and tostring(v) or
+         type(v) == "number" and tostring(v) or type(v)
+end
+
+local function check_type(fname, i, v, t, level)
+  if type(v) ~= t then
+    argerror(fname, i, ("%s expected, got %s"):format(t, type(v)), level)
+  end
+  return v
+end
+
+local function check_count(fname, i, v, what, level)
+  if math.type(v) ~= "integer" or v < 1 then
+    argerror(fname, i, ("%s must be a positive integer, got %s")
+                       :format(what, describe(v)), level)
+  end
+  return v
+end
+
+local function check_seconds(fname, i, v, what, level)
+  if v ~= nil and (type(v) ~= "number" or not (v >= 0)) then
+    argerror(fname, i, ("%s must be a non-negative number of seconds, got %s")
+                       :format(what, describe(v)), level)
+  end
+  return v
+end
+
+local function check_options(fname, i, opts, known, level)
+  if opts == nil then return {} end
+  check_type(fname, i, opts, "table", level + 1)
+  for k in pairs(opts) do
+    if not known[k] then
+      argerror(fname, i, ("unknown option '%s'"):format(tostring(k)), level)
+    end
+  end
+  return opts
+end
+
+local TO = "to a pool worker"
+
+-- Raises the codec's error, naming the path, when 'v' cannot be sent.
+local function check_sendable(fname, name, v, level)
+  local ok, err = pcall(core.encode, { functions = true, to = TO,
+                                       names = { name } }, v)
+  if not ok then error(fname .. ": " .. tostring(err), level) end
+end
+
+---------------------------------------------------------------------------
+-- AsyncResult
+
+local AsyncResult = {}
+AsyncResult.__index = AsyncResult
+AsyncResult.__name = "multiprocessing.AsyncResult"
+
+local function new_result(pool, opts)
+  return setmetatable({ pool = pool, done = false,
+                        callback = opts.callback,
+                        error_callback = opts.error_callback }, AsyncResult)
+end
+
+-- Settles ar with (ok, value) and runs its callback, in the parent.
+local function resolve(ar, ok, value)
+  ar.done, ar.ok, ar.value = true, ok, value
+  local cb = ok and ar.callback or not ok and ar.error_callback
+  if cb then cb(value) end
+end
+
+--- ar:get([timeout]) -> the value; raises the task's exception;
+-- nil, "timeout" when it is not ready within 'timeout' seconds.
+function AsyncResult:get(timeout)
+  check_seconds("AsyncResult.get", 1, timeout, "timeout")
+  if not self.done and not self.pool:_run(function() return self.done end,
+                                          timeout) then
+    return nil, "timeout"
+  end
+  if not self.ok then error(self.value, 0) end
+  return self.value
+end
+
+--- ar:wait([timeout]) -> true when ready
+function AsyncResult:wait(timeout)
+  check_seconds("AsyncResult.wait", 1, timeout, "timeout")
+  if not self.done then
+    self.pool:_run(function() return self.done end, timeout)
+  end
+  return self.done
+end
+
+function AsyncResult:ready()
+  if not self.done then self.pool:_run(function() return self.done end, 0) end
+  return self.done
+end
+
+function AsyncResult:successful()
+  if not self:ready() then
+    error("AsyncResult.successful: the result is not ready", 2)
+  end
+  return self.ok
+end
+
+function AsyncResult:__tostring()
+  return ("AsyncResult (%s)"):format(not self.done and "pending" or
+                                     self.ok and "done" or "failed")
+end
+
+---------------------------------------------------------------------------
+-- Pool
+
+local Pool = {}
+Pool.__index = Pool
+Pool.__name = "multiprocessing.Pool"
+
+local POOL_OPTIONS = { start_method = true, initializer = true,
+                       initargs = true, maxtasksperchild = true,
+                       timeout = true, retries = true, progress = true }
+
+-- A job: the tasks of one map/imap/... call, or the stream of apply_async
+-- calls (one job per pool, item i = the i-th call).
+--   kind: "map" (results table), "imap" (in order), "unordered", "apply"
+--   list, n, star, chunksize, next (first undispatched), left (unsettled)
+--   results, errors, first_error, tries, outcomes, ...
+
+local function new_worker(pool, slot)
+  local mp = require "multiprocessing"
+  local q = mp.Queue()
+  q:_functions()
+  pool.cur[slot] = 0
+  local ok, ctx = pcall(mp.start_processes, M._worker,
+                        { q, pool.results, pool.cur, slot, pool.maxtasks,
+                          pool.initializer, pool.initargs },
+                        1, false, false, pool.start_method)
+  if not ok then
+    q:close()
+    error(ctx, 0)
+  end
+  local w = { slot = slot, ctx = ctx, proc = ctx.processes[1], q = q,
+              pid = ctx.processes[1].pid, inflight = {}, nmsg = 0,
+              assigned = 0, size = 1, fns = {}, nfns = 0,
+              seen = 0, since = now() }
+  pool.workers[slot] = w
+  return w
+end
+
+--- mp.Pool([processes [, opts]])
+function M.new(processes, opts)
+  local mp = require "multiprocessing"
+  if processes == nil then processes = core.cpu_count() end
+  check_count("Pool", 1, processes, "processes", 3)
+  opts = check_options("Pool", 2, opts, POOL_OPTIONS, 3)
+  local method = opts.start_method or mp.get_start_method()
+  if not START_METHODS[method] then
+    argerror("Pool", 2, ("unknown start method '%s' (expected \"fork\", "
+             .. "\"spawn\" or \"forkserver\")"):format(tostring(method)))
+  end
+  if opts.initializer ~= nil then
+    check_type("Pool", 2, opts.initializer, "function")
+  end
+  if opts.initargs ~= nil then check_type("Pool", 2, opts.initargs, "table") end
+  if opts.maxtasksperchild ~= nil then
+    check_count("Pool", 2, opts.maxtasksperchild, "maxtasksperchild", 3)
+  end
+  check_seconds("Pool", 2, opts.timeout, "timeout", 3)
+  local retries = opts.retries or 0
+  if math.type(retries) ~= "integer" or retries < 0 then
+    argerror("Pool", 2, "retries must be a non-negative integer, got "
+             .. describe(retries))
+  end
+  local self = setmetatable({
+    processes = processes, start_method = method,
+    initializer = opts.initializer, initargs = opts.initargs or {},
+    maxtasks = opts.maxtasksperchild, timeout = opts.timeout,
+    retries = retries, progress = opts.progress and core._isatty(2),
+    state = "run", workers = {}, msgs = {}, nextmid = 1,
+    queue = {}, qhead = 1, redo = {}, redohead = 1, fids = setmetatable(
+      {}, { __mode = "k" }), nextfid = 1, active = 0, next_check = 0, nmsg = 0,
+  }, Pool)
+  self.results = mp.Queue(0, { capacity = RESULTS_CAP })
+  self.cur = mp.Array("int64", processes)
+  self.applies = { kind = "apply", mode = 2, list = {}, n = 0, next = 1,
+                   left = 0, chunksize = 1, ars = {}, fns = {}, timeouts = {},
+                   tries = {}, pool = self }
+  local ok, err = pcall(function()
+    for slot = 1, processes do new_worker(self, slot) end
+  end)
+  if not ok then
+    self:terminate()
+    error(err, 2)
+  end
+  return self
+end
+
+function Pool:__tostring()
+  return ("Pool (%s, %d processes, %s)"):format(self.start_method,
+                                               self.processes, self.state)
+end
+
+local function check_running(self, fname)
+  if getmetatable(self) ~= Pool then
+    error(("bad self to '%s' (Pool expected)"):format(fname), 3)
+  end
+  if self.state ~= "run" then
+    error(("%s: the pool is %s"):format(fname, self.state == "close"
+          and "closed" or "terminated"), 3)
+  end
+end
+
+-- fn -> its id in this pool, checking once that it can be sent.
+local function fn_id(self, fname, fn)
+  local fid = self.fids[fn]
+  if not fid then
+    check_sendable(fname, "fn", fn, 4)
+    fid = self.nextfid
+    self.nextfid = fid + 1
+    self.fids[fn] = fid
+  end
+  return fid
+end
+
+---------------------------------------------------------------------------
+-- dispatch: the parent hands runs of items to workers with room
+
+local function enqueue(self, job)
+  if not job.queued then
+    job.queued = true
+    self.queue[#self.queue + 1] = job
+  end
+end
+
+-- The next run of 'job' for worker 'w': first position and count, or nil.
+local function next_run(self, job, w)
+  local first = job.next
+  local rem = job.n - first + 1
+  if rem <= 0 or job.abandoned then return nil end
+  local n = min(w.size, MAXMSG, (rem + self.processes - 1) // self.processes)
+  local cs = job.chunksize
+  n = max(cs, n - n % cs)
+  if job.window then n = min(n, job.consumed + job.window - first) end
+  if self.maxtasks then n = min(n, self.maxtasks - w.assigned) end
+  n = min(n, rem)
+  if n <= 0 then return nil end
+  job.next = first + n
+  return first, n
+end
+
+-- Adds to msg.fns the function 'fid' unless the worker has it.
+local function need_fn(w, msg, fid, fn)
+  if w.fns[fid] then return end
+  if w.nfns >= FNCACHE then
+    w.fns, w.nfns, msg.reset = {}, 0, true
+    -- what this message already sends stays known
+    for f in pairs(msg.fns or {}) do w.fns[f], w.nfns = true, w.nfns + 1 end
+  end
+  msg.fns = msg.fns or {}
+  msg.fns[fid] = fn
+  w.fns[fid], w.nfns = true, w.nfns + 1
+end
+
+local function send(self, w, job, first, n)
+  local mid = self.nextmid
+  self.nextmid = mid + 1
+  local msg = { mid, job.fid or 0, job.mode, n }
+  if job.mode == 2 then
+    local list, fns = job.list, job.fns
+    for k = 1, n do
+      local item = list[first + k - 1]
+      msg[4 + k] = item
+      need_fn(w, msg, item[1], fns[first + k - 1])
+    end
+  else
+    tmove(job.list, first, first + n - 1, 5, msg)
+    need_fn(w, msg, job.fid, job.fn)
+  end
+  w.q:put(msg)
+  self.msgs[mid] = { w = w, job = job, first = first, n = n, upto = 0 }
+  w.inflight[mid] = true
+  w.nmsg, self.nmsg = w.nmsg + 1, self.nmsg + 1
+  w.assigned = w.assigned + n
+end
+
+local function can_take(self, w, inflight)
+  return w.ctx and not w.killing and w.nmsg < inflight
+         and not (self.maxtasks and w.assigned >= self.maxtasks)
+end
+
+-- Gives worker 'w' one message: a requeued item first, else the next run
+-- of the first queued job that has one for it.
+local function feed(self, w)
+  local redo, queue = self.redo, self.queue
+  local r = redo[self.redohead]
+  if r then
+    redo[self.redohead] = nil
+    self.redohead = self.redohead + 1
+    if not r.job.abandoned then send(self, w, r.job, r.pos, 1) end
+    return
+  end
+  for qi = self.qhead, #queue do
+    local job = queue[qi]
+    local first, n = next_run(self, job, w)
+    if first then
+      send(self, w, job, first, n)
+      break
+    end
+  end
+  -- jobs fully dispatched leave the queue from its head
+  local job = queue[self.qhead]
+  while job and (job.next > job.n or job.abandoned) do
+    job.queued, queue[self.qhead] = false, nil
+    self.qhead = self.qhead + 1
+    job = queue[self.qhead]
+  end
+end
+
+local function idle(self)
+  return self.redohead > #self.redo and self.qhead > #self.queue
+end
+
+-- Gives work to the workers with room: a message to each idle worker
+-- first, then a second one to each, so that work spreads.
+function Pool:_dispatch()
+  if idle(self) then return end
+  for inflight = 1, INFLIGHT do
+    for _, w in ipairs(self.workers) do
+      if can_take(self, w, inflight) then feed(self, w) end
+      if idle(self) then
+        self.redo, self.redohead, self.queue, self.qhead = {}, 1, {}, 1
+        return
+      end
+    end
+  end
+end
+
+---------------------------------------------------------------------------
+-- settling tasks
+
+local function task_name(job, pos)
+  return job.kind == "apply" and ("apply_async call %d"):format(pos)
+         or ("task %d"):format(pos)
+end
+
+local function finish_job(self, job)
+  self.active = self.active - 1
+  if job.progress then job.progress(true) end
+  if job.ar then
+    local e = job.errors and job.errors[job.first_error]
+    if e and not job.outcomes then resolve(job.ar, false, e)
+    else resolve(job.ar, true, job.results) end
+  end
+end
+
+-- One item of 'job' has its outcome.
+local function settle(self, job, pos, ok, value)
+  job.left = job.left - 1
+  if not ok then job.nfailed = (job.nfailed or 0) + 1 end
+  local kind = job.kind
+  if kind == "apply" then
+    local ar = job.ars[pos]
+    job.ars[pos], job.list[pos], job.fns[pos], job.timeouts[pos],
+      job.tries[pos] = nil, nil, nil, nil, nil
+    if job.left == 0 then self.active = self.active - 1 end
+    resolve(ar, ok, value)
+    return
+  end
+  if job.outcomes then
+    value = ok and { ok = true, value = value } or { ok = false, error = value }
+    ok = true
+  end
+  if kind == "unordered" then
+    local t = job.rtail + 1
+    job.rtail, job.rpos[t], job.rval[t], job.rok[t] = t, pos, value, ok
+  elseif ok then
+    job.results[pos] = value
+    if job.got then job.got[pos] = true end
+  else
+    job.errors = job.errors or {}
+    job.errors[pos] = value
+    if not job.first_error or pos < job.first_error then
+      job.first_error = pos
+    end
+  end
+  if job.left == 0 and not job.abandoned then finish_job(self, job) end
+end
+
+local function task_exception(self, job, pos, w, e)
+  return mk_exception("raised", {
+    msg = ("\n\n-- %s failed in pool process %d with the following "
+           .. "error:\n%s"):format(task_name(job, pos), w.pid, e[1]),
+    task = pos, value = e[2], pid = w.pid, error_pid = w.pid,
+    error_index = w.slot - 1, exit_code = 1,
+  })
+end
+
+-- A results message from a worker.
+function Pool:_receive(res)
+  local mid, k0, k1 = res[1], res[2], res[3]
+  local rec = self.msgs[mid]
+  if not rec or k0 ~= rec.upto + 1 then return end  -- a worker gone since
+  local job, w, errs = rec.job, rec.w, res.e
+  local base = rec.first - 1
+  if job.kind == "map" and not errs and not job.outcomes then
+    tmove(res, 4, 4 + k1 - k0, rec.first + k0 - 1, job.results)
+    job.left = job.left - (k1 - k0 + 1)
+    if job.left == 0 then finish_job(self, job) end
+  else
+    for k = k0, k1 do
+      local e = errs and errs[k]
+      if e then settle(self, job, base + k, false,
+                       task_exception(self, job, base + k, w, e))
+      else settle(self, job, base + k, true, res[4 + k - k0]) end
+    end
+  end
+  rec.upto = k1
+  if k1 == rec.n then
+    self.msgs[mid] = nil
+    w.inflight[mid] = nil
+    w.nmsg, self.nmsg = w.nmsg - 1, self.nmsg - 1
+    local d = res.d
+    if d and d < 0.002 then w.size = min(w.size * 4, MAXMSG)
+    elseif d and d > 0.02 then w.size = max(1, w.size // 2) end
+  end
+  if job.progress then job.progress() end
+end
+
+local function get_result(results, timeout)
+  return results:get(timeout)
+end
+
+-- Takes every result already queued, without waiting.
+function Pool:_drain()
+  local results = self.results
+  while results:qsize() > 0 do
+    local ok, msg = pcall(get_result, results, 0)
+    if not ok then self:_queue_error(msg) return end
+    if msg then self:_receive(msg) end
+  end
+end
+
+---------------------------------------------------------------------------
+-- workers that die, hang, or retire
+
+-- The item a worker was running: rec, k; or nil.
+local function running_item(self, w)
+  local v = self.cur[w.slot]
+  if v <= 0 then return nil end
+  local rec = self.msgs[v // MID]
+  if rec and rec.w == w then return rec, v % MID end
+end
+
+local function exit_text(code)
+  if code and code < 0 then
+    local name
+    for n, num in pairs(core.signals) do
+      if num == -code then name = n break end
+    end
+    return "signal " .. (name or ("<Unknown signal %d>"):format(-code)), name
+  end
+  return "exit code " .. tostring(code)
+end
+
+-- The item 'pos' of 'job' was running in 'w' when it died or timed out.
+function Pool:_killed(job, pos, w, code, timeout)
+  local tries = job.tries[pos] or 0
+  if tries < self.retries then
+    job.tries[pos] = tries + 1
+    self.redo[#self.redo + 1] = { job = job, pos = pos }
+    return
+  end
+  local e
+  if timeout then
+    e = mk_exception("timeout", {
+      msg = ("%s timed out after %g seconds in pool process %d, which was "
+             .. "terminated"):format(task_name(job, pos), timeout, w.pid),
+      task = pos, pid = w.pid, error_pid = w.pid, error_index = w.slot - 1,
+      timeout = timeout, exit_code = code })
+  else
+    local text, name = exit_text(code)
+    e = mk_exception("exited", {
+      msg = ("%s: pool process %d terminated with %s while running it")
+            :format(task_name(job, pos), w.pid, text),
+      task = pos, pid = w.pid, error_pid = w.pid, error_index = w.slot - 1,
+      exit_code = code, signal_name = name })
+  end
+  settle(self, job, pos, false, e)
+end
+
+-- Worker 'w' has exited: its unfinished items run again elsewhere, the one
+-- it was running fails (or is retried), and a new worker takes its slot.
+function Pool:_lost(w)
+  self:_drain()
+  local code = w.proc.exitcode
+  local ok, err = pcall(w.ctx.join, w.ctx, 0)
+  local rec, k = running_item(self, w)
+  local mids = {}
+  for mid in pairs(w.inflight) do mids[#mids + 1] = mid end
+  table.sort(mids)
+  local redo = {}
+  self.nmsg = self.nmsg - #mids
+  for _, mid in ipairs(mids) do
+    local r = self.msgs[mid]
+    self.msgs[mid] = nil
+    for i = r.upto + 1, r.n do
+      local pos = r.first + i - 1
+      if r == rec and i == k then
+        self:_killed(r.job, pos, w, code, w.killing and w.killing.timeout)
+      elseif not r.job.abandoned then
+        redo[#redo + 1] = { job = r.job, pos = pos }
+      end
+    end
+  end
+  -- requeued items go first, in order
+  for i = self.redohead, #self.redo do redo[#redo + 1] = self.redo[i] end
+  self.redo, self.redohead = redo, 1
+  local started = self.cur[w.slot] ~= 0
+  w.ctx:close(0)
+  w.q:close()
+  w.ctx, w.inflight = nil, {}
+  if not ok and mp_isinstance(err, "ProcessRaisedException") then
+    -- the worker itself failed (its initializer): the pool cannot work
+    self.broken = err
+  elseif not started and code ~= 0 then
+    self.broken = mk_exception("exited", {
+      msg = ("pool process %d terminated with %s before it was ready (in "
+             .. "its initializer?)"):format(w.pid, (exit_text(code))),
+      pid = w.pid, error_pid = w.pid, error_index = w.slot - 1,
+      exit_code = code })
+  end
+  if self.broken then
+    self:terminate()
+    error(self.broken, 0)
+  end
+  if self.state ~= "terminate" then new_worker(self, w.slot) end
+end
+
+-- Looks at every worker: dead ones are replaced, hung tasks killed.
+function Pool:_check()
+  local t = now()
+  self.next_check = t + SLICE
+  for _, w in ipairs(self.workers) do
+    if w.ctx then
+      if not w.proc:is_alive() then
+        self:_lost(w)
+      elseif w.killing then
+        if t - w.killing.at > KILL_GRACE and not w.killing.kill then
+          w.killing.kill = true
+          pcall(w.proc.kill, w.proc)
+        end
+      else
+        local v = self.cur[w.slot]
+        if v ~= w.seen then
+          w.seen, w.since = v, t
+        elseif v > 0 then
+          local rec, k = running_item(self, w)
+          if rec then
+            local job, pos = rec.job, rec.first + k - 1
+            local limit = job.kind == "apply" and job.timeouts[pos]
+                          or job.timeout or self.timeout
+            if limit and t - w.since > limit then
+              w.killing = { at = t, timeout = limit }
+              pcall(w.proc.terminate, w.proc)
+            end
+          end
+        end
+      end
+    end
+  end
+end
+
+function Pool:_queue_error(err)
+  if type(err) == "string" and err:find("interrupted", 1, true) then
+    self:terminate()
+    error("interrupted!", 0)
+  end
+  if type(err) == "string" and err:find("no other process", 1, true) then
+    -- every worker is gone: look now, then wait on one for a moment
+    self:_check()
+    for _, w in ipairs(self.workers) do
+      if w.ctx then pcall(w.ctx.join, w.ctx, SLICE) break end
+    end
+    return
+  end
+  error(err, 0)
+end
+
+-- On an error exit of a wait (Ctrl-C: "interrupted!"), the workers go.
+local function interrupt_guard(self)
+  return setmetatable({}, { __close = function(_, err)
+    if err ~= nil and self.state ~= "terminate" then
+      local s = tostring(err)
+      if s:find("interrupted", 1, true) then self:terminate() end
+    end
+  end })
+end
+
+-- Runs the pool until done() or 'timeout' seconds (nil: for ever); returns
+-- done().  Callbacks run here, in the parent.
+function Pool:_run(done, timeout)
+  local deadline = timeout and now() + timeout
+  local guard <close> = interrupt_guard(self)
+  local results = self.results
+  while true do
+    if self.broken then error(self.broken, 0) end
+    self:_dispatch()
+    if done() then return true end
+    if self.state == "terminate" and self.active == 0 then return done() end
+    local slice = deadline and max(0, min(SLICE, deadline - now())) or SLICE
+    local ok, msg = true, nil
+    if slice > 0 then ok, msg = pcall(get_result, results, slice) end
+    if not ok then
+      self:_queue_error(msg)
+    elseif msg ~= nil then
+      self:_receive(msg)
+    end
+    self:_drain()
+    if ok and msg == nil or now() >= self.next_check then self:_check() end
+    if deadline and now() >= deadline then
+      self:_dispatch()
+      return done()
+    end
+  end
+end
+
+---------------------------------------------------------------------------
+-- progress line
+
+local function progress_line(self, job)
+  if not self.progress then return nil end
+  local started, last = now(), 0
+  return function(final)
+    local t = now()
+    if not final and t - last < 0.1 then return end
+    last = t
+    local done = job.n - job.left
+    local rate = done / max(t - started, 1e-9)
+    local eta = rate > 0 and (job.left / rate) or 0
+    io.stderr:write(("\r%d/%d done  %.0f tasks/s  %d failed  ETA %ds\27[K")
+                    :format(done, job.n, rate, job.nfailed or 0,
+                            floor(eta + 0.5)), final and "\n" or "")
+  end
+end
+
+---------------------------------------------------------------------------
+-- the public methods
+
+local MAP_OPTIONS = { chunksize = true, outcomes = true, callback = true,
+                      error_callback = true, timeout = true }
+
+-- Checks fn, list, chunksize-or-options and makes the job.
+local function new_job(self, fname, kind, fn, list, cs, star, default_cs)
+  check_running(self, fname)
+  check_type(fname, 1, fn, "function", 4)
+  check_type(fname, 2, list, "table", 4)
+  local opts = {}
+  if type(cs) == "table" then
+    opts = check_options(fname, 3, cs, MAP_OPTIONS, 4)
+    cs = opts.chunksize
+  end
+  local n = list.n or #list
+  if math.type(n) ~= "integer" or n < 0 then
+    argerror(fname, 2, "list.n must be a non-negative integer", 4)
+  end
+  if cs == nil then
+    if default_cs then
+      local c, extra = n // (self.processes * 4), n % (self.processes * 4)
+      cs = max(1, extra > 0 and c + 1 or c)
+    else cs = 1 end
+  end
+  check_count(fname, 3, cs, "chunksize", 4)
+  check_seconds(fname, 3, opts.timeout, "timeout", 4)
+  if star then
+    for i = 1, n do
+      if type(list[i]) ~= "table" then
+        argerror(fname, 2, ("list[%d] must be a table of arguments, got %s")
+                           :format(i, describe(list[i])), 4)
+      end
+    end
+  end
+  local fid = fn_id(self, fname, fn)
+  check_sendable(fname, "list", list, 4)
+  local job = { kind = kind, mode = star and 1 or 0, fn = fn, fid = fid,
+                list = list, n = n, next = 1, left = n, chunksize = cs,
+                results = { n = n }, tries = {}, outcomes = opts.outcomes,
+                timeout = opts.timeout, pool = self }
+  job.progress = progress_line(self, job)
+  if n > 0 then
+    self.active = self.active + 1
+    enqueue(self, job)
+  end
+  return job, opts
+end
+
+local function map_results(self, job)
+  self:_run(function() return job.left == 0 end)
+  if job.errors and not job.outcomes then error(job.errors[job.first_error], 0) end
+  return job.results
+end
+
+--- pool:map(fn, list [, chunksize | opts]) -> {r1, ..., rn, n = n}
+function Pool:map(fn, list, chunksize)
+  return map_results(self, new_job(self, "Pool.map", "map", fn, list,
+                                   chunksize, false, true))
+end
+
+--- pool:starmap(fn, list_of_arg_tables [, chunksize | opts])
+function Pool:starmap(fn, list, chunksize)
+  return map_results(self, new_job(self, "Pool.starmap", "map", fn, list,
+                                   chunksize, true, true))
+end
+
+local function async_map(self, fname, fn, list, chunksize, star)
+  local job, opts = new_job(self, fname, "map", fn, list, chunksize, star,
+                            true)
+  job.ar = new_result(self, opts)
+  if job.n == 0 then resolve(job.ar, true, job.results) end
+  self:_run(function() return true end, 0)
+  return job.ar
+end
+
+--- pool:map_async(fn, list [, chunksize | opts]) -> AsyncResult
+function Pool:map_async(fn, list, chunksize)
+  return async_map(self, "Pool.map_async", fn, list, chunksize, false)
+end
+
+function Pool:starmap_async(fn, list, chunksize)
+  return async_map(self, "Pool.starmap_async", fn, list, chunksize, true)
+end
+
+-- A job left before its end (a loop that breaks, an error): what was not
+-- dispatched is dropped, what runs finishes and is discarded.
+local function abandon(self, job)
+  if job.left > 0 and not job.abandoned then
+    job.abandoned = true
+    self.active = self.active - 1
+  end
+end
+
+local function imap_iter(self, fname, kind, fn, list, chunksize)
+  local job = new_job(self, fname, kind, fn, list, chunksize, false, false)
+  job.consumed, job.window = 0, WINDOW
+  local closer = setmetatable({}, { __close = function() abandon(self, job) end })
+  local i = 0
+  if kind == "imap" then
+    local results, got = job.results, {}
+    job.got = got
+    return function()
+      if i >= job.n then return nil end
+      i = i + 1
+      local pos = i
+      self:_run(function()
+        return got[pos] or job.errors and job.errors[pos] ~= nil
+      end)
+      local e = job.errors and job.errors[pos]
+      if e then
+        abandon(self, job)
+        error(e, 0)
+      end
+      local v = results[pos]
+      results[pos], got[pos] = nil, nil
+      job.consumed = pos
+      return pos, v
+    end, nil, nil, closer
+  end
+  job.rpos, job.rval, job.rok, job.rhead, job.rtail = {}, {}, {}, 1, 0
+  return function()
+    if i >= job.n then return nil end
+    i = i + 1
+    if job.rhead > job.rtail then
+      self:_run(function() return job.rhead <= job.rtail end)
+    end
+    local h = job.rhead
+    local pos, v, ok = job.rpos[h], job.rval[h], job.rok[h]
+    job.rpos[h], job.rval[h], job.rok[h] = nil, nil, nil
+    job.rhead = h + 1
+    job.consumed = i
+    if not ok then
+      abandon(self, job)
+      error(v, 0)
+    end
+    return pos, v
+  end, nil, nil, closer
+end
+
+--- for i, r in pool:imap(fn, list [, chunksize | opts]) -- in input order
+function Pool:imap(fn, list, chunksize)
+  return imap_iter(self, "Pool.imap", "imap", fn, list, chunksize)
+end
+
+--- for i, r in pool:imap_unordered(fn, list [, chunksize | opts])
+function Pool:imap_unordered(fn, list, chunksize)
+  return imap_iter(self, "Pool.imap_unordered", "unordered", fn, list,
+                   chunksize)
+end
+
+local APPLY_OPTIONS = { callback = true, error_callback = true, timeout = true }
+
+--- pool:apply_async(fn [, args [, opts]]) -> AsyncResult
+function Pool:apply_async(fn, args, opts)
+  check_running(self, "Pool.apply_async")
+  check_type("Pool.apply_async", 1, fn, "function")
+  if args == nil then args = {} end
+  check_type("Pool.apply_async", 2, args, "table")
+  opts = check_options("Pool.apply_async", 3, opts, APPLY_OPTIONS, 2)
+  check_seconds("Pool.apply_async", 3, opts.timeout, "timeout")
+  local fid = fn_id(self, "Pool.apply_async", fn)
+  if next(args) ~= nil then
+    for _, v in pairs(args) do
+      local t = type(v)
+      if t == "table" or t == "function" or t == "userdata" then
+        check_sendable("Pool.apply_async", "args", args, 3)
+        break
+      end
+    end
+  end
+  local job = self.applies
+  local pos = job.n + 1
+  job.n, job.left = pos, job.left + 1
+  job.list[pos], job.fns[pos] = { fid, args }, fn
+  job.timeouts[pos] = opts.timeout
+  local ar = new_result(self, opts)
+  ar.task = pos
+  job.ars[pos] = ar
+  if job.left == 1 then self.active = self.active + 1 end
+  enqueue(self, job)
+  -- A call goes out at once when the pool is idle; otherwise calls gather
+  -- and go out in messages of many (a message per call would cost a
+  -- worker's wake-up per call) when APPLY_BATCH wait or when the parent
+  -- next waits for results.
+  if self.nmsg == 0 or pos - job.next >= APPLY_BATCH then
+    self:_drain()
+    self:_dispatch()
+  end
+  return ar
+end
+
+--- pool:apply(fn [, args]) -> the value, or raises
+function Pool:apply(fn, args)
+  return self:apply_async(fn, args):get()
+end
+
+--- close(): no new tasks; the submitted ones still run.
+function Pool:close()
+  if self.state == "run" then self.state = "close" end
+end
+
+--- join(): after close, waits for every task and every worker.
+function Pool:join()
+  if self.state == "run" then
+    error("Pool.join: the pool is still running (call close or terminate "
+          .. "first)", 2)
+  end
+  if self.state == "close" then
+    self:_run(function() return self.active == 0 end)
+    local guard <close> = interrupt_guard(self)
+    for _, w in ipairs(self.workers) do
+      if w.ctx then w.q:put(false) end
+    end
+    for _, w in ipairs(self.workers) do
+      if w.ctx then
+        local ok, err = pcall(w.ctx.join, w.ctx)
+        if not ok and tostring(err):find("interrupted", 1, true) then
+          error(err, 0)
+        end
+        w.ctx:close(0)
+        w.q:close()
+        w.ctx = nil
+      end
+    end
+    self.state = "joined"
+  end
+  self:_release()
+end
+
+-- Everything still pending fails at once with this exception.
+local function fail_pending(self)
+  local e = mk_exception("base", {
+    msg = "the pool was terminated before the task finished" })
+  for mid, rec in pairs(self.msgs) do
+    self.msgs[mid] = nil
+    for i = rec.upto + 1, rec.n do
+      if rec.job.left > 0 then settle(self, rec.job, rec.first + i - 1, false, e) end
+    end
+  end
+  for _, job in ipairs(self.queue) do
+    for pos = job.next, job.n do
+      if job.left > 0 then settle(self, job, pos, false, e) end
+    end
+    job.next = job.n + 1
+  end
+  for i = self.redohead, #self.redo do
+    local r = self.redo[i]
+    if r.job.left > 0 then settle(self, r.job, r.pos, false, e) end
+  end
+  self.redo, self.redohead, self.queue, self.qhead = {}, 1, {}, 1
+end
+
+--- terminate(): stop now; pending results raise from get().
+function Pool:terminate()
+  if self.state == "terminate" or self.state == "joined" then return end
+  self.state = "terminate"
+  for _, w in pairs(self.workers) do
+    if w.ctx then pcall(w.proc.terminate, w.proc) end
+  end
+  for _, w in pairs(self.workers) do
+    if w.ctx then
+      w.ctx:close(TERM_GRACE)
+      w.q:close()
+      w.ctx = nil
+    end
+  end
+  pcall(fail_pending, self)
+  self.active = 0
+  self:_release()
+end
+
+function Pool:_release()
+  if self.results then self.results:close() end
+  if self.cur then self.cur:close() end
+end
+
+function Pool:__close(err)
+  if err == nil and self.state ~= "terminate" then
+    self:close()
+    self:join()
+  else
+    self:terminate()
+  end
+end
+
+function Pool:__gc()
+  if self.state ~= "joined" then self:terminate() end
+end
+
+return M

@@ -1,0 +1,528 @@
+-- mp.Pool: a task farm that survives crashed, hung and failing tasks.
+local mp = require "multiprocessing"
+local H = require "helpers"
+
+local function mypid()
+  return tonumber(io.open("/proc/self/stat"):read("a"):match("^%d+"))
+end
+
+local function exists(path)
+  local f = io.open(path)
+  if f then f:close() end
+  return f ~= nil
+end
+
+-- Waits (in a task) until 'path' exists.
+local function wait_file(path)
+  for _ = 1, 2000 do
+    local f = io.open(path)
+    if f then f:close() return true end
+    os.execute("sleep 0.01")
+  end
+  return false
+end
+
+local function touch(path) io.open(path, "w"):close() end
+
+describe("mp.Pool basics:", function()
+  H.leak_check(before_each, after_each)
+
+  it("cpu_count, set_start_method and get_start_method", function()
+    assert.is_true(math.type(mp.cpu_count()) == "integer" and mp.cpu_count() >= 1)
+    assert.are.equal("spawn", mp.get_start_method())
+    mp.set_start_method("fork")
+    assert.are.equal("fork", mp.get_start_method())
+    local pool <close> = mp.Pool(1)
+    assert.are.equal("fork", pool.start_method)
+    mp.set_start_method("spawn")
+    assert.has_error(function() mp.set_start_method("threads") end)
+    assert.are.equal("spawn", mp.get_start_method())
+  end)
+
+  it("processes defaults to cpu_count()", function()
+    local pool <close> = mp.Pool(nil, { start_method = "fork" })
+    assert.are.equal(mp.cpu_count(), pool.processes)
+  end)
+
+  it("TimeoutError is a ProcessException", function()
+    assert.is_table(mp.TimeoutError)
+    assert.are.equal(mp.ProcessException, mp.TimeoutError.__parent)
+  end)
+
+  it("rejects bad input before anything is queued, naming the argument", function()
+    local function msg(f, ...)
+      local ok, e = pcall(f, ...)
+      assert.is_false(ok)
+      return tostring(e)
+    end
+    assert.matches("bad argument #1 to 'Pool' %(processes must be a positive integer, got 0%)",
+                   msg(mp.Pool, 0))
+    assert.matches("bad argument #1 to 'Pool'", msg(mp.Pool, 1.5))
+    assert.matches("unknown option 'procs'", msg(mp.Pool, 1, { procs = 2 }))
+    assert.matches("unknown start method 'thread'", msg(mp.Pool, 1, { start_method = "thread" }))
+    assert.matches("timeout must be a non%-negative number", msg(mp.Pool, 1, { timeout = -1 }))
+    assert.matches("retries must be a non%-negative integer", msg(mp.Pool, 1, { retries = "x" }))
+    assert.matches("maxtasksperchild must be a positive integer",
+                   msg(mp.Pool, 1, { maxtasksperchild = 0 }))
+    local ran = os.tmpname()
+    os.remove(ran)
+    local pool <close> = mp.Pool(1, { start_method = "fork" })
+    local f = function() touch(ran) end
+    assert.matches("bad argument #1 to 'Pool.map' %(function expected, got number%)",
+                   msg(pool.map, pool, 1, {}))
+    assert.matches("bad argument #2 to 'Pool.map' %(table expected, got string%)",
+                   msg(pool.map, pool, f, "abc"))
+    assert.matches("bad argument #3 to 'Pool.map' %(chunksize must be a positive integer, got 0%)",
+                   msg(pool.map, pool, f, { 1 }, 0))
+    assert.matches("unknown option 'chunk'", msg(pool.map, pool, f, { 1 }, { chunk = 2 }))
+    assert.matches("bad argument #2 to 'Pool.starmap' %(list%[2%] must be a table",
+                   msg(pool.starmap, pool, f, { {}, 3 }))
+    assert.matches("bad argument #1 to 'Pool.apply_async'", msg(pool.apply_async, pool, nil))
+    assert.matches("bad argument #2 to 'Pool.imap'", msg(pool.imap, pool, f, 5))
+    assert.matches("bad argument #3 to 'Pool.imap_unordered'",
+                   msg(pool.imap_unordered, pool, f, { 1 }, -2))
+    -- what cannot cross is refused with its path, before anything runs
+    local sock = io.stdout
+    assert.matches("cannot send upvalue 'sock'", msg(pool.map, pool, function()
+      touch(ran); return sock
+    end, { 1, 2 }))
+    assert.matches("cannot send list%[2%]", msg(pool.map, pool, f, { 1, io.stderr }))
+    assert.matches("cannot send args%[1%]", msg(pool.apply_async, pool, f, { io.stderr }))
+    assert.is_false(exists(ran))
+    -- use after close or terminate
+    pool:close()
+    assert.matches("Pool.map: the pool is closed", msg(pool.map, pool, f, { 1 }))
+    pool:join()
+    local p2 = mp.Pool(1, { start_method = "fork" })
+    p2:terminate()
+    assert.matches("Pool.apply_async: the pool is terminated", msg(p2.apply_async, p2, f))
+    assert.matches("the pool is still running", msg(mp.Pool(1, { start_method = "fork" }).join,
+                                                   mp.Pool(1, { start_method = "fork" })))
+    assert.is_false(exists(ran))
+  end)
+
+  it("__gc terminates the workers", function()
+    local pool = mp.Pool(2, { start_method = "fork" })
+    local pids = pool:map(function() return mypid() end, { 1, 2, 3, 4 }, 1)
+    assert.are.equal(4, pids.n)
+    pool = nil
+    collectgarbage()
+    collectgarbage()
+    assert.are.same({}, H.children())
+  end)
+end)
+
+for _, method in ipairs(H.methods) do
+  describe("mp.Pool with start method " .. method .. ":", function()
+    H.leak_check(before_each, after_each)
+
+    it("map keeps input order, nil and false apart; starmap unpacks", function()
+      local pool <close> = mp.Pool(3, { start_method = method })
+      local list = {}
+      for i = 1, 200 do list[i] = i end
+      local base = 1000   -- an upvalue: the closure crosses with it
+      local r = pool:map(function(x)
+        if x % 3 == 0 then return nil elseif x % 3 == 1 then return false end
+        return x + base
+      end, list, 7)
+      assert.are.equal(200, r.n)
+      for i = 1, 200 do
+        if i % 3 == 0 then assert.is_nil(r[i])
+        elseif i % 3 == 1 then assert.is_false(r[i])
+        else assert.are.equal(i + base, r[i]) end
+      end
+      local s = pool:starmap(function(a, b, c) return (a or 0) + b + (c or 0) end,
+                             { { 1, 2 }, { n = 3, nil, 5, 6 }, { 3, 4, 5 } })
+      assert.are.same({ 3, 11, 12, n = 3 }, s)
+      assert.are.same({ n = 0 }, pool:map(print, {}))
+      -- module functions go by reference
+      assert.are.same({ "A", "B", n = 2 }, pool:map(string.upper, { "a", "b" }))
+    end)
+
+    it("imap yields in order as results come; imap_unordered gives positions", function()
+      local flag = os.tmpname()
+      os.remove(flag)
+      local pool <close> = mp.Pool(2, { start_method = method })
+      -- item 2 waits for a file that the loop creates once it has item 1:
+      -- imap must yield item 1 before item 2 is done
+      local seen = {}
+      for i, r in pool:imap(function(x)
+        if x == 2 then return wait_file(flag) and "two" end
+        return "one"
+      end, { 1, 2 }) do
+        seen[#seen + 1] = i .. "=" .. tostring(r)
+        if i == 1 then touch(flag) end
+      end
+      assert.are.same({ "1=one", "2=two" }, seen)
+      os.remove(flag)
+      -- item 1 waits for item 2 to have been yielded
+      seen = {}
+      for i, r in pool:imap_unordered(function(x)
+        if x == 10 then return wait_file(flag) and x end
+        return x
+      end, { 10, 20 }) do
+        seen[#seen + 1] = i .. "=" .. r
+        if i == 2 then touch(flag) end
+      end
+      os.remove(flag)
+      assert.are.same({ "2=20", "1=10" }, seen)
+      -- breaking out of a loop leaves the pool usable
+      for _, _ in pool:imap(function(x) return x end, { 1, 2, 3, 4, 5 }) do break end
+      assert.are.same({ 2, n = 1 }, pool:map(function(x) return x * 2 end, { 1 }))
+    end)
+
+    it("apply_async: get, wait, ready, successful, callbacks, get(timeout)", function()
+      local flag = os.tmpname()
+      os.remove(flag)
+      local pool <close> = mp.Pool(2, { start_method = method })
+      local got, failed = {}, {}
+      local a = pool:apply_async(function(x, y) return x * y end, { 6, 7 },
+                                 { callback = function(v) got[#got + 1] = v end })
+      local b = pool:apply_async(function() error({ code = 42 }) end, nil,
+                                 { error_callback = function(e) failed[#failed + 1] = e end })
+      local c = pool:apply_async(function(f) wait_file(f); return nil end, { flag })
+      assert.are.equal(42, a:get())
+      assert.is_true(b:wait())
+      assert.is_true(b:ready())
+      assert.is_false(b:successful())
+      local ok, e = pcall(b.get, b)
+      assert.is_false(ok)
+      assert.is_true(mp.isinstance(e, mp.ProcessRaisedException))
+      assert.are.equal(42, e.value.code)
+      assert.are.equal(2, e.task)
+      assert.are.same({ 42 }, got)
+      assert.are.equal(e, failed[1])
+      -- pending: nil, "timeout"; then a nil result is one nil
+      assert.are.same({ nil, "timeout", n = 2 }, table.pack(c:get(0.05)))
+      assert.is_false(c:ready())
+      assert.has_error(function() c:successful() end)
+      touch(flag)
+      assert.are.same({ n = 1 }, table.pack(c:get()))
+      assert.is_true(c:successful())
+      os.remove(flag)
+      assert.are.equal(5, pool:apply(function(x) return x + 1 end, { 4 }))
+      local m = pool:map_async(function(x) return -x end, { 1, 2, 3 })
+      assert.are.same({ -1, -2, -3, n = 3 }, m:get())
+    end)
+
+    it("a task that raises: traceback, e.task, e.value; the pool keeps working", function()
+      local pool <close> = mp.Pool(2, { start_method = method })
+      local function check(x)
+        if x == 4 then error("bad input 4") end
+        if x == 6 then error({ why = "six" }) end
+        return x
+      end
+      local ok, e = pcall(pool.map, pool, check, { 1, 2, 3, 4, 5, 6, 7 }, 1)
+      assert.is_false(ok)
+      assert.is_true(mp.isinstance(e, mp.ProcessRaisedException))
+      assert.is_true(mp.isinstance(e, mp.ProcessException))
+      assert.are.equal(4, e.task)   -- the first failure in input order
+      assert.matches("task 4 failed", e.msg)
+      assert.matches("stack traceback", e.msg)
+      assert.matches("pool_spec.lua:%d+: bad input 4", e.msg)
+      -- every outcome, without raising
+      local r = pool:map(check, { 1, 2, 3, 4, 5, 6, 7 }, { chunksize = 2, outcomes = true })
+      assert.are.same({ ok = true, value = 1 }, r[1])
+      assert.is_false(r[4].ok)
+      assert.are.equal(4, r[4].error.task)
+      assert.are.equal("six", r[6].error.value.why)
+      assert.are.same({ ok = true, value = 7 }, r[7])
+      -- imap raises at the failed item, after the ones before it
+      local seen = {}
+      ok, e = pcall(function()
+        for i in pool:imap(check, { 1, 2, 3, 4, 5 }) do seen[#seen + 1] = i end
+      end)
+      assert.is_false(ok)
+      assert.are.equal(4, e.task)
+      assert.are.same({ 1, 2, 3 }, seen)
+      assert.are.same({ 1, 2, n = 2 }, pool:map(check, { 1, 2 }))
+    end)
+
+    it("a worker SIGKILLed mid-task: that task fails, the others run, the worker is replaced", function()
+      local pool <close> = mp.Pool(2, { start_method = method })
+      local r = pool:map(function(x)
+        if x == 3 then
+          os.execute("kill -9 " .. tostring(mypid()))
+          os.execute("sleep 5")
+        end
+        if x == 5 then os.exit(7) end
+        return mypid()
+      end, { 1, 2, 3, 4, 5, 6, 7, 8 }, { chunksize = 4, outcomes = true })
+      for i = 1, 8 do
+        if i == 3 or i == 5 then
+          local e = r[i].error
+          assert.is_true(mp.isinstance(e, mp.ProcessExitedException), tostring(e))
+          assert.are.equal(i, e.task)
+        else
+          assert.is_true(r[i].ok)
+        end
+      end
+      assert.are.equal("SIGKILL", r[3].error.signal_name)
+      assert.matches("task 3: pool process %d+ terminated with signal SIGKILL", r[3].error.msg)
+      assert.are.equal(7, r[5].error.exit_code)
+      assert.matches("exit code 7", r[5].error.msg)
+      -- the slots were refilled
+      local after = pool:map(function() return mypid() end, { 1, 2, 3, 4 }, 1)
+      assert.are.equal(4, after.n)
+    end)
+
+    it("a task past its timeout: TimeoutError, its worker replaced; retries re-run", function()
+      local pool <close> = mp.Pool(2, { start_method = method, timeout = 0.3 })
+      local r = pool:map(function(x)
+        if x == 2 then os.execute("sleep 30") end
+        return x
+      end, { 1, 2, 3, 4 }, { outcomes = true, chunksize = 1 })
+      assert.is_true(r[1].ok and r[3].ok and r[4].ok)
+      local e = r[2].error
+      assert.is_true(mp.isinstance(e, mp.TimeoutError))
+      assert.is_true(mp.isinstance(e, mp.ProcessException))
+      assert.are.equal(2, e.task)
+      assert.matches("task 2 timed out after 0.3 seconds", e.msg)
+      -- a per-call timeout on apply_async
+      local ar = pool:apply_async(function() os.execute("sleep 30") end, {}, { timeout = 0.2 })
+      local ok, te = pcall(ar.get, ar)
+      assert.is_false(ok)
+      assert.is_true(mp.isinstance(te, mp.TimeoutError))
+      assert.are.equal(1, te.task)
+    end)
+
+    it("retries: a task whose worker died runs again", function()
+      local marker = os.tmpname()
+      os.remove(marker)
+      local pool <close> = mp.Pool(2, { start_method = method, retries = 1 })
+      local r = pool:map(function(x)
+        if x == 2 and not exists(marker) then
+          touch(marker)
+          os.execute("kill -9 " .. tostring(mypid()))
+          os.execute("sleep 5")
+        end
+        return x * 10
+      end, { 1, 2, 3 }, 1)
+      assert.are.same({ 10, 20, 30, n = 3 }, r)
+      os.remove(marker)
+      -- a task that always kills its worker fails after its retries
+      local ok, e = pcall(pool.apply, pool, function() os.exit(3) end)
+      assert.is_false(ok)
+      assert.are.equal(3, e.exit_code)
+    end)
+
+    it("maxtasksperchild replaces workers; initializer and initargs", function()
+      local prefix = "init:"
+      local pool <close> = mp.Pool(1, {
+        start_method = method, maxtasksperchild = 2,
+        initializer = function(a, b) _G.POOL_STATE = prefix .. a .. b end,
+        initargs = { "x", "y" },
+      })
+      local r = pool:map(function() return mypid() .. " " .. _G.POOL_STATE end,
+                         { 1, 2, 3, 4, 5, 6 }, 1)
+      local pids = {}
+      for i = 1, 6 do
+        local pid, state = r[i]:match("^(%d+) (.*)$")
+        assert.are.equal("init:xy", state)
+        pids[pid] = (pids[pid] or 0) + 1
+      end
+      local n = 0
+      for _, count in pairs(pids) do n = n + 1; assert.are.equal(2, count) end
+      assert.are.equal(3, n)
+    end)
+
+    it("an initializer that raises: the pool reports it, nothing is left", function()
+      local ok, e = pcall(function()
+        local pool <close> = mp.Pool(2, { start_method = method,
+                                          initializer = function() error("no init") end })
+        return pool:map(function(x) return x end, { 1, 2 })
+      end)
+      assert.is_false(ok)
+      assert.matches("no init", tostring(e))
+    end)
+
+    it("close + join finish the submitted tasks; terminate fails the pending ones", function()
+      local out = os.tmpname()
+      os.remove(out)
+      local pool = mp.Pool(2, { start_method = method })
+      local ar = pool:apply_async(function(path)
+        os.execute("sleep 0.2")
+        touch(path)
+        return "written"
+      end, { out })
+      pool:close()
+      pool:join()
+      assert.is_true(exists(out))
+      assert.are.equal("written", ar:get())
+      os.remove(out)
+      local p2 = mp.Pool(2, { start_method = method })
+      local slow = p2:apply_async(function() os.execute("sleep 30") end)
+      p2:terminate()
+      local ok, e = pcall(slow.get, slow)
+      assert.is_false(ok)
+      assert.is_true(mp.isinstance(e, mp.ProcessException))
+      assert.matches("terminated", tostring(e))
+      p2:join()
+    end)
+
+    it("<close>: a normal exit finishes the tasks, an error exit terminates", function()
+      local out = os.tmpname()
+      os.remove(out)
+      do
+        local pool <close> = mp.Pool(2, { start_method = method })
+        pool:apply_async(function(path) os.execute("sleep 0.2"); touch(path) end, { out })
+      end
+      assert.is_true(exists(out))
+      os.remove(out)
+      local pidfile = os.tmpname()
+      local ok = pcall(function()
+        local pool <close> = mp.Pool(1, { start_method = method })
+        pool:apply_async(function(path)
+          local f = io.open(path, "w"); f:write(mypid()); f:close()
+          os.execute("sleep 30")
+        end, { pidfile })
+        H.eventually(function() return #(H.read(pidfile) or "") > 0 end, 20)
+        error("leaving")
+      end)
+      assert.is_false(ok)
+      local pid = tonumber(H.read(pidfile))
+      os.remove(pidfile)
+      assert.is_false(H.alive(pid))
+    end)
+
+    it("results keep shared arrays the same memory", function()
+      local a = mp.Array("int32", 4)
+      local pool <close> = mp.Pool(1, { start_method = method })
+      local back = pool:apply(function(arr) arr[1] = 7; return arr end, { a })
+      assert.are.equal(7, a[1])
+      back[2] = 9
+      assert.are.equal(9, a[2])
+    end)
+  end)
+end
+
+-- A child interpreter running 'body' with a pool; its pid and its workers'
+-- pids go to a file.  Returns the file's name.
+local function pool_script(body, method)
+  return H.script(("local mp = require 'multiprocessing'\n"
+    .. "local pool <close> = mp.Pool(2, { start_method = %q })\n"
+    .. "local pids = { io.open('/proc/self/stat'):read('a'):match('^%%d+') }\n"
+    .. "for _, w in ipairs(pool.workers) do pids[#pids + 1] = w.pid end\n"
+    .. "local pidfile = arg[1]\n"
+    .. "local f = io.open(pidfile, 'w') f:write(table.concat(pids, ' ')) f:close()\n"
+    .. body):format(method))
+end
+
+for _, method in ipairs(H.methods) do
+  describe("mp.Pool, interrupted or killed, start method " .. method .. ":", function()
+    H.leak_check(before_each, after_each)
+
+    it("Ctrl-C in map terminates and reaps the workers and raises interrupted!", function()
+      local pidfile = os.tmpname()
+      local script = pool_script("local ok, e = pcall(pool.map, pool, function() os.execute('sleep 30') end, {1, 2})\n"
+        .. "print('caught', e, #pool.workers)\n", method)
+      local run = io.popen("lua5.4 " .. script .. " " .. pidfile .. " 2>&1")
+      local pids = H.wait_pids(pidfile)
+      os.execute("sleep 0.3; kill -INT " .. pids[1])
+      local out = run:read("a")
+      run:close()
+      os.remove(script)
+      os.remove(pidfile)
+      assert.matches("caught\t[^\n]*interrupted!", out)
+      assert.is_false(H.alive(pids[2]))
+      assert.is_false(H.alive(pids[3]))
+    end)
+
+    it("Ctrl-C at the lua5.4 -i prompt (a pty): interrupted!, then the prompt", function()
+      local pidfile = os.tmpname()
+      local input = os.tmpname()
+      local f = assert(io.open(input, "w"))
+      f:write(H.PATHS,
+        "mp = require 'multiprocessing'\n",
+        ("pool = mp.Pool(2, { start_method = %q })\n"):format(method),
+        ("f = io.open(%q, 'w') f:write(io.open('/proc/self/stat'):read('a'):match('^%%d+'), ' ', pool.workers[1].pid, ' ', pool.workers[2].pid) f:close()\n"):format(pidfile),
+        "pool:apply(function() os.execute('sleep 30') end)\n",
+        "print('back at ' .. 'the prompt', pool.state)\n")
+      f:close()
+      -- script(1) gives the interpreter a terminal; the input is typed in
+      local repl = io.popen(("(sleep 1; cat %s; while [ ! -e %s.sent ]; do sleep 0.1; done; sleep 1) | script -qfec 'lua5.4 -i' /dev/null 2>&1")
+                            :format(input, input))
+      local pids = H.wait_pids(pidfile, 20)
+      os.execute("sleep 0.5; kill -INT " .. pids[1])
+      touch(input .. ".sent")
+      local out = repl:read("a")
+      repl:close()
+      os.remove(pidfile)
+      os.remove(input)
+      os.remove(input .. ".sent")
+      assert.truthy(out:find("interrupted!", 1, true), out)
+      assert.truthy(out:find("back at the prompt\tterminate", 1, true), out)
+      assert.is_false(H.alive(pids[2]))
+      assert.is_false(H.alive(pids[3]))
+    end)
+
+    it("a parent SIGKILLed leaves no worker behind", function()
+      local pidfile = os.tmpname()
+      local script = pool_script("pool:map(function() os.execute('sleep 30') end, {1, 2})\n", method)
+      local run = io.popen("lua5.4 " .. script .. " " .. pidfile .. " 2>&1")
+      local pids = H.wait_pids(pidfile)
+      os.execute("kill -9 " .. pids[1])
+      run:read("a")
+      run:close()
+      os.remove(script)
+      os.remove(pidfile)
+      assert.is_true(H.eventually(function()
+        return not H.alive(pids[2]) and not H.alive(pids[3])
+      end, 10))
+    end)
+  end)
+end
+
+describe("mp.Pool at scale:", function()
+  H.leak_check(before_each, after_each)
+
+  it("Pool(256) runs tasks on all of its workers", function()
+    local pool <close> = mp.Pool(256, { start_method = "fork" })
+    local list = {}
+    for i = 1, 1024 do list[i] = i end
+    local r = pool:map(function(x) return x + 1 end, list, 1)
+    assert.are.equal(1024, r.n)
+    assert.are.equal(1025, r[1024])
+    assert.are.equal(256, #pool.workers)
+  end)
+
+  it("1,000,000 trivial tasks through imap_unordered with flat parent memory", function()
+    local pool <close> = mp.Pool(2, { start_method = "fork" })
+    local n = 1000000
+    local list = {}
+    for i = 1, n do list[i] = i end
+    collectgarbage()
+    local base = collectgarbage("count")
+    local peak, count, sum = 0, 0, 0
+    for i, r in pool:imap_unordered(function(x) return x end, list) do
+      assert(i == r)
+      count, sum = count + 1, sum + r
+      if count % 100000 == 0 then
+        collectgarbage()
+        peak = math.max(peak, collectgarbage("count") - base)
+      end
+    end
+    assert.are.equal(n, count)
+    assert.are.equal(n * (n + 1) // 2, sum)
+    assert.is_true(peak < 32 * 1024, ("parent grew by %.0f KiB"):format(peak))
+  end)
+
+  it("progress = true prints nothing when stderr is not a terminal", function()
+    local err = os.tmpname()
+    local script = H.script("local mp = require 'multiprocessing'\n"
+      .. "local pool <close> = mp.Pool(2, { start_method = 'fork', progress = true })\n"
+      .. "local r = pool:map(function(x) return x end, {1, 2, 3})\n"
+      .. "print(r.n)\n")
+    local out = H.sh("lua5.4 " .. script .. " 2>" .. err)
+    assert.are.equal("3\n", out)
+    assert.are.equal("", H.read(err))
+    -- on a terminal: done/total, rate, failures and ETA
+    local tty = H.sh("script -qfec 'lua5.4 " .. script .. "' /dev/null")
+    os.remove(script)
+    os.remove(err)
+    assert.matches("3/3 done", tty)
+    assert.matches("tasks/s", tty)
+    assert.matches("0 failed", tty)
+    assert.matches("ETA", tty)
+  end)
+end)
