@@ -1,14 +1,113 @@
 /*
 ** pool.c -- what mp.Pool (lua/multiprocessing/pool.lua) needs from C: the
 ** number of processors, a monotonic clock for task timeouts, whether
-** stderr is a terminal (the progress line), and the exceptions of failed
+** stderr is a terminal (the progress line), a quick look at whether a list
+** holds only plain values (which need no check), and the exceptions of failed
 ** tasks, including mp.TimeoutError (a kind of ProcessException).  The pool
 ** itself is Lua: a policy over ProcessContexts and Queues.
+**
+** The board: one int64 word per worker in a sealed memfd, where a worker
+** writes which task it is running before each one.  A worker writes it
+** through a marker, a C closure over the word's address, because it does
+** so once per task and an Array's __newindex costs several times more.
 */
+#include <stdint.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "mp.h"
+#include "codec.h"
+#include "sharing.h"
+
+#define BOARD_T "multiprocessing.PoolBoard"
+
+typedef struct Board {
+  mp_Seg seg;
+  uint64_t n;             /* words */
+} Board;
+
+static int64_t *board_word(lua_State *L, int idx, int arg) {
+  Board *b = (Board *)luaL_checkudata(L, idx, BOARD_T);
+  lua_Integer i = luaL_checkinteger(L, arg);
+  if (b->seg.base == NULL) luaL_error(L, "attempt to use a closed board");
+  luaL_argcheck(L, i >= 1 && (uint64_t)i <= b->n, arg, "index out of range");
+  return (int64_t *)(void *)b->seg.base + (i - 1);
+}
+
+static Board *new_board(lua_State *L) {
+  Board *b = (Board *)lua_newuserdatauv(L, sizeof(Board), 0);
+  memset(b, 0, sizeof *b);
+  b->seg.fd = -1;
+  luaL_setmetatable(L, BOARD_T);
+  return b;
+}
+
+/* _board(n) -> a board of n zeroed words */
+static int l_board(lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1);
+  Board *b;
+  luaL_argcheck(L, n >= 1 && n <= (1 << 20), 1, "out of range");
+  b = new_board(L);
+  mp_seg_create(L, &b->seg, (size_t)n * sizeof(int64_t), MP_SEG_FD);
+  b->n = (uint64_t)n;
+  return 1;
+}
+
+static int board_get(lua_State *L) {
+  lua_pushinteger(L, __atomic_load_n(board_word(L, 1, 2), __ATOMIC_RELAXED));
+  return 1;
+}
+
+static int board_set(lua_State *L) {
+  int64_t *w = board_word(L, 1, 2);
+  __atomic_store_n(w, (int64_t)luaL_checkinteger(L, 3), __ATOMIC_RELAXED);
+  return 0;
+}
+
+/* upvalues: the board (kept alive), the word's index */
+static int marker(lua_State *L) {
+  Board *b = (Board *)lua_touserdata(L, lua_upvalueindex(1));
+  lua_Integer i = lua_tointeger(L, lua_upvalueindex(2));
+  if (b->seg.base != NULL)
+    __atomic_store_n((int64_t *)(void *)b->seg.base + (i - 1),
+                     (int64_t)luaL_checkinteger(L, 1), __ATOMIC_RELAXED);
+  return 0;
+}
+
+/* board:marker(i) -> function(v) that writes v into word i */
+static int board_marker(lua_State *L) {
+  board_word(L, 1, 2);
+  lua_settop(L, 2);
+  lua_pushcclosure(L, marker, 2);
+  return 1;
+}
+
+static int board_close(lua_State *L) {
+  mp_seg_close(&((Board *)luaL_checkudata(L, 1, BOARD_T))->seg);
+  return 0;
+}
+
+static void board_encode(lua_State *L, int idx, mp_Writer *w) {
+  Board *b = (Board *)lua_touserdata(L, idx);
+  if (b->seg.base == NULL) luaL_error(L, "cannot send a closed board");
+  mp_write_bytes(L, w, &b->n, sizeof b->n);
+  mp_write_fd(L, w, b->seg.fd);
+}
+
+static void board_decode(lua_State *L, mp_Reader *r) {
+  uint64_t n;
+  int fd;
+  Board *b;
+  memcpy(&n, mp_read_bytes(L, r, sizeof n), sizeof n);
+  if (n < 1 || n > (1 << 20)) luaL_error(L, "bad board encoding");
+  fd = mp_read_fd(L, r);
+  b = new_board(L);
+  if (mp_seg_from_fd(L, &b->seg, fd, (size_t)n * sizeof(int64_t), 1) != 0)
+    lua_error(L);
+  b->n = n;
+}
+
+static const mp_CodecType board_codec = {BOARD_T, board_encode, board_decode};
 
 #define MP_EXC_TIMEOUT "multiprocessing.TimeoutError"
 
@@ -28,6 +127,22 @@ static int l_now(lua_State *L) {
 /* _isatty(fd) -> boolean */
 static int l_isatty(lua_State *L) {
   lua_pushboolean(L, isatty((int)luaL_checkinteger(L, 1)));
+  return 1;
+}
+
+/* _plain(t, n) -> whether t[1..n] are all nil, booleans, numbers or
+** strings: such a list needs no check that it can be sent. */
+static int l_plain(lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 2), i;
+  int plain = 1;
+  luaL_checktype(L, 1, LUA_TTABLE);
+  for (i = 1; plain && i <= n; i++) {
+    int t = lua_rawgeti(L, 1, i);                 /* t ... v */
+    plain = t == LUA_TNIL || t == LUA_TBOOLEAN || t == LUA_TNUMBER
+            || t == LUA_TSTRING;
+    lua_pop(L, 1);
+  }
+  lua_pushboolean(L, plain);
   return 1;
 }
 
@@ -57,10 +172,21 @@ static void open_timeout_error(lua_State *L) {
 }
 
 void mp_open_pool(lua_State *L) {
+  static const luaL_Reg board_meta[] = {
+    {"__gc", board_close}, {"__close", board_close}, {NULL, NULL}
+  };
+  static const luaL_Reg board_methods[] = {
+    {"get", board_get}, {"set", board_set}, {"marker", board_marker},
+    {"close", board_close}, {NULL, NULL}
+  };
   static const luaL_Reg funcs[] = {
     {"cpu_count", l_cpu_count}, {"_now", l_now}, {"_isatty", l_isatty},
-    {"_exception", l_exception}, {NULL, NULL}
+    {"_exception", l_exception}, {"_plain", l_plain}, {"_board", l_board},
+    {NULL, NULL}
   };
+  mp_new_class(L, BOARD_T, board_meta, board_methods);
+  lua_pop(L, 1);
+  mp_codec_register(L, &board_codec);
   open_timeout_error(L);
   luaL_setfuncs(L, funcs, 0);
 }

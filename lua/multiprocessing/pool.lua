@@ -17,9 +17,10 @@
 --   { mid, k0, k1, r_k0, ..., r_k1, e = {[k] = {text, value}}, d = seconds }
 --   for items k0..k1 of message mid; a message's results come in order,
 --   in one piece or, when its items are slow, in several.
--- Which item a worker is running: cur[slot] = mid * 65536 + k in a shared
--- int64 Array (0: starting, -1: idle), written before each item.  That is
--- how a task timeout is seen and which task a dead worker was running.
+-- Which item a worker is running: word 'slot' of the pool's board
+-- (core._board, shared memory) = mid * 65536 + k, written before each item
+-- (0: starting, -1: idle).  That is how a task timeout is seen and which
+-- task a dead worker was running.
 local core = require "multiprocessing.core"
 
 local M = {}
@@ -52,9 +53,9 @@ end
 -- the worker
 
 local function task_traceback(e)
-  local text = debug.traceback("", 2)
+  local text = debug.traceback("", 3)
   -- the frames of the pool's own loop are not the user's
-  text = text:gsub("\n[^\n]*in function 'xpcall'.*$", "")
+  text = text:gsub("\n[^\n]*multiprocessing/pool%.lua:.*$", "")
   local msg = (type(e) == "string" or type(e) == "number") and tostring(e)
   if not msg then
     local ok, s = pcall(tostring, e)
@@ -87,11 +88,56 @@ local function post(results, out)
   if not ok then error(err, 0) end
 end
 
+-- Runs the items of one message into 'out', all in one protected call
+-- while they succeed: the error handler records a failure, and the loop
+-- goes on from the next item.  Partial results go out every FLUSH seconds
+-- (the clock is read per item only once items are seen to be slow).
+local function run_message(msg, fns, results, mark)
+  local mid, mode, n = msg[1], msg[3], msg[4]
+  local fn = fns[msg[2]]
+  local base, start = mid * MID, now()
+  local out, k0, k = { mid, 1 }, 1, 0
+  local flushed, stride, probe = start, 1, 1
+  local function body()
+    while k < n do
+      k = k + 1
+      mark(base + k)
+      local item, r = msg[4 + k]
+      if mode == 0 then r = fn(item)
+      elseif mode == 1 then r = fn(unpack(item, 1, item.n or #item))
+      else
+        local args = item[2]
+        r = fns[item[1]](unpack(args, 1, args.n or #args))
+      end
+      out[3 + k - k0 + 1] = r
+      if k == probe and k < n then
+        local t = now()
+        -- fast items: look at the clock every 64th; slow ones: every one
+        stride = (t - flushed) / (k - k0 + 1) > 1e-3 and 1 or 64
+        probe = k + stride
+        if t - flushed >= FLUSH then
+          out[3] = k
+          post(results, out)
+          k0, flushed, out = k + 1, t, { mid, k + 1 }
+        end
+      end
+    end
+  end
+  local function failed(e)
+    out.e = out.e or {}
+    out.e[k] = task_traceback(e)
+  end
+  while k < n do xpcall(body, failed) end
+  out[3], out.d = n, now() - start
+  return out
+end
+
 --- The body of a pool worker (a module function: it crosses by reference).
 function M._worker(_, tasks, results, cur, slot, maxtasks, init, initargs)
   tasks:_functions()
+  local mark = cur:marker(slot)
   if init then init(unpack(initargs, 1, initargs.n or #initargs)) end
-  cur[slot] = -1
+  mark(-1)
   local fns, count = {}, 0
   while true do
     local msg = tasks:get()
@@ -100,41 +146,10 @@ function M._worker(_, tasks, results, cur, slot, maxtasks, init, initargs)
     if msg.fns then
       for fid, f in pairs(msg.fns) do fns[fid] = f end
     end
-    local mid, mode, n = msg[1], msg[3], msg[4]
-    local fn = fns[msg[2]]
-    local base, start = mid * MID, now()
-    local out, k0, flushed = { mid, 1 }, 1, start
-    for k = 1, n do
-      cur[slot] = base + k
-      local item, ok, r = msg[4 + k]
-      if mode == 0 then
-        ok, r = xpcall(fn, task_traceback, item)
-      elseif mode == 1 then
-        ok, r = xpcall(fn, task_traceback, unpack(item, 1, item.n or #item))
-      else
-        local args = item[2]
-        ok, r = xpcall(fns[item[1]], task_traceback,
-                       unpack(args, 1, args.n or #args))
-      end
-      if ok then
-        out[3 + k - k0 + 1] = r
-      else
-        out.e = out.e or {}
-        out.e[k] = r
-      end
-      if k < n then
-        local t = now()
-        if t - flushed >= FLUSH then
-          out[3] = k
-          post(results, out)
-          k0, flushed, out = k + 1, t, { mid, k + 1 }
-        end
-      end
-    end
-    out[3], out.d = n, now() - start
-    cur[slot] = -1
+    local out = run_message(msg, fns, results, mark)
+    mark(-1)
     post(results, out)
-    count = count + n
+    count = count + msg[4]
     if maxtasks and count >= maxtasks then return end
   end
 end
@@ -174,8 +189,10 @@ local function check_seconds(fname, i, v, what, level)
   return v
 end
 
+local NO_OPTIONS = {}
+
 local function check_options(fname, i, opts, known, level)
-  if opts == nil then return {} end
+  if opts == nil then return NO_OPTIONS end
   check_type(fname, i, opts, "table", level + 1)
   for k in pairs(opts) do
     if not known[k] then
@@ -273,7 +290,7 @@ local function new_worker(pool, slot)
   local mp = require "multiprocessing"
   local q = mp.Queue()
   q:_functions()
-  pool.cur[slot] = 0
+  pool.cur:set(slot, 0)
   local ok, ctx = pcall(mp.start_processes, M._worker,
                         { q, pool.results, pool.cur, slot, pool.maxtasks,
                           pool.initializer, pool.initargs },
@@ -324,7 +341,7 @@ function M.new(processes, opts)
       {}, { __mode = "k" }), nextfid = 1, active = 0, next_check = 0, nmsg = 0,
   }, Pool)
   self.results = mp.Queue(0, { capacity = RESULTS_CAP })
-  self.cur = mp.Array("int64", processes)
+  self.cur = core._board(processes)
   self.applies = { kind = "apply", mode = 2, list = {}, n = 0, next = 1,
                    left = 0, chunksize = 1, ars = {}, fns = {}, timeouts = {},
                    tries = {}, pool = self }
@@ -588,7 +605,7 @@ end
 
 -- The item a worker was running: rec, k; or nil.
 local function running_item(self, w)
-  local v = self.cur[w.slot]
+  local v = self.cur:get(w.slot)
   if v <= 0 then return nil end
   local rec = self.msgs[v // MID]
   if rec and rec.w == w then return rec, v % MID end
@@ -658,7 +675,7 @@ function Pool:_lost(w)
   -- requeued items go first, in order
   for i = self.redohead, #self.redo do redo[#redo + 1] = self.redo[i] end
   self.redo, self.redohead = redo, 1
-  local started = self.cur[w.slot] ~= 0
+  local started = self.cur:get(w.slot) ~= 0
   w.ctx:close(0)
   w.q:close()
   w.ctx, w.inflight = nil, {}
@@ -693,7 +710,7 @@ function Pool:_check()
           pcall(w.proc.kill, w.proc)
         end
       else
-        local v = self.cur[w.slot]
+        local v = self.cur:get(w.slot)
         if v ~= w.seen then
           w.seen, w.since = v, t
         elseif v > 0 then
@@ -823,7 +840,7 @@ local function new_job(self, fname, kind, fn, list, cs, star, default_cs)
     end
   end
   local fid = fn_id(self, fname, fn)
-  check_sendable(fname, "list", list, 4)
+  if not core._plain(list, n) then check_sendable(fname, "list", list, 4) end
   local job = { kind = kind, mode = star and 1 or 0, fn = fn, fid = fid,
                 list = list, n = n, next = 1, left = n, chunksize = cs,
                 results = { n = n }, tries = {}, outcomes = opts.outcomes,

@@ -1,0 +1,72 @@
+"""Python peer of bench/lua_pool.lua: multiprocessing.Pool(4).
+
+    python3 bench/py_pool.py METHOD REPS MAPN APPLYN
+
+JSON lines, one sample per repetition:
+  py_pool_map1: tasks/s of pool.map(f, range(MAPN), chunksize=1)
+  py_pool_mapdef: tasks/s of pool.map(f, range(MAPN)) (default chunking)
+  py_pool_apply: tasks/s of APPLYN apply_async(f, (i,)), then get() each
+  py_pool_start: ms of Pool(4) + close + join
+f returns its argument.  The pool is warmed up (one small map) first.
+"""
+import json
+import multiprocessing as mp
+import sys
+import time
+
+
+def f(x):
+    return x
+
+
+def emit(name, method, samples):
+    print(json.dumps({"bench": name, "method": method, "samples": samples}),
+          flush=True)
+
+
+def rate(ctx, reps, n, body):
+    samples = []
+    with ctx.Pool(4) as pool:
+        pool.map(f, range(8), chunksize=1)
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            body(pool)
+            samples.append(n / (time.perf_counter() - t0))
+    return samples
+
+
+def main():
+    method, reps = sys.argv[1], int(sys.argv[2])
+    mapn, applyn = int(sys.argv[3]), int(sys.argv[4])
+    ctx = mp.get_context(method)
+    data = list(range(mapn))
+
+    def map1(pool):
+        assert pool.map(f, data, chunksize=1)[-1] == mapn - 1
+
+    def mapdef(pool):
+        assert pool.map(f, data)[-1] == mapn - 1
+
+    def apply(pool):
+        ars = [pool.apply_async(f, (i,)) for i in range(applyn)]
+        for i, ar in enumerate(ars):
+            assert ar.get() == i
+
+    emit("py_pool_map1", method, rate(ctx, reps, mapn, map1))
+    emit("py_pool_mapdef", method, rate(ctx, reps, mapn, mapdef))
+    emit("py_pool_apply", method, rate(ctx, reps, applyn, apply))
+    warm = ctx.Pool(2)
+    warm.close()
+    warm.join()
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        pool = ctx.Pool(4)
+        pool.close()
+        pool.join()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    emit("py_pool_start", method, samples)
+
+
+if __name__ == "__main__":
+    main()
