@@ -8,6 +8,7 @@ JSON lines, one sample per repetition:
   py_pool_apply: tasks/s of APPLYN apply_async(f, (i,)), then get() each
   py_pool_start: ms of Pool(4) + close + join
 f returns its argument.  The pool is warmed up (one small map) first.
+MAPN = APPLYN = 0: only py_pool_start.
 """
 import json
 import multiprocessing as mp
@@ -52,9 +53,10 @@ def main():
         for i, ar in enumerate(ars):
             assert ar.get() == i
 
-    emit("py_pool_map1", method, rate(ctx, reps, mapn, map1))
-    emit("py_pool_mapdef", method, rate(ctx, reps, mapn, mapdef))
-    emit("py_pool_apply", method, rate(ctx, reps, applyn, apply))
+    if mapn > 0:
+        emit("py_pool_map1", method, rate(ctx, reps, mapn, map1))
+        emit("py_pool_mapdef", method, rate(ctx, reps, mapn, mapdef))
+        emit("py_pool_apply", method, rate(ctx, reps, applyn, apply))
     warm = ctx.Pool(2)
     warm.close()
     warm.join()

@@ -339,6 +339,24 @@ for _ = 1, QUICK and 1 or 2 do
        "py_queue_shm" }, "py_msg.py", msgargs, 150)
 end
 
+-- Issue 13: mp.Pool(4) against multiprocessing.Pool(4), same workloads;
+-- pool start+close+join against start_processes of 4 with the same method.
+local PMAP, PAPPLY = QUICK and 20000 or 100000, QUICK and 5000 or 20000
+for _ = 1, QUICK and 1 or 2 do
+  lua({ "lua_pool_map1/fork", "lua_pool_mapdef/fork", "lua_pool_apply/fork",
+        "lua_pool_start/fork" }, "lua_pool.lua",
+      string.format("fork %d %d %d", reps(5), PMAP, PAPPLY), 180)
+  py({ "py_pool_map1/fork", "py_pool_mapdef/fork", "py_pool_apply/fork", "py_pool_start/fork" },
+     "py_pool.py", string.format("fork %d %d %d", reps(3), PMAP, PAPPLY), 240)
+end
+for _, m in ipairs { "spawn", "forkserver" } do
+  lua({ "lua_pool_start/" .. m }, "lua_pool.lua", string.format("%s %d 0 0", m, reps(5)), 120)
+  py({ "py_pool_start/" .. m }, "py_pool.py", string.format("%s %d 0 0", m, reps(3)), 240)
+end
+for _, m in ipairs { "fork", "spawn", "forkserver" } do
+  lua({ "lua_start/" .. m .. "/4" }, "lua_start.lua", m .. " " .. reps(10) .. " 4", 120)
+end
+
 -- ================================================================ tables
 -- Results of the repeated rounds above are pooled per key.
 section("Issue 2: start+join of N trivial fork workers (function() end)")
@@ -531,6 +549,50 @@ do
   if l then
     print(string.format("    mprun relays %s lines/s", fmtnum(4 * LINES / (l / 1e3))))
   end
+section("Issue 13: mp.Pool(4) vs multiprocessing.Pool(4), trivial tasks f(x) = x")
+do
+  local rows = {}
+  print("")
+  print("tasks per second (higher is better); floor: 24-byte mp.Queue round trips per second")
+  local fl = "lua_queue_pingpong"
+  row(rows, { name = string.format("lua map, %d tasks, chunksize 1", PMAP), key = "lua_pool_map1/fork",
+              unit = "tasks/s", rate = true, floor = fl, py = "py_pool_map1/fork" })
+  row(rows, { name = string.format("lua apply_async+get, %d tasks", PAPPLY), key = "lua_pool_apply/fork",
+              unit = "tasks/s", rate = true, floor = fl, py = "py_pool_apply/fork" })
+  row(rows, { name = string.format("lua map, %d tasks, default chunking", PMAP),
+              key = "lua_pool_mapdef/fork", unit = "tasks/s", rate = true, floor = fl,
+              py = "py_pool_mapdef/fork" })
+  row(rows, { name = "python map, chunksize 1", key = "py_pool_map1/fork", unit = "tasks/s",
+              rate = true, floor = fl })
+  row(rows, { name = "python apply_async+get", key = "py_pool_apply/fork", unit = "tasks/s",
+              rate = true, floor = fl })
+  row(rows, { name = "python map, default chunking", key = "py_pool_mapdef/fork", unit = "tasks/s",
+              rate = true, floor = fl })
+  tabulate(HEAD, rows)
+  local function ratio(a, b)
+    local x, y = med(a), med(b)
+    return x and y and x / y
+  end
+  local function verdict(r, want)
+    if not r then return "-" end
+    return string.format("%s (target >= %gx: %s)", fmtx(r), want, r >= want and "ok" or "MISS")
+  end
+  print("    vs Python: map chunksize 1 " .. verdict(ratio("lua_pool_map1/fork", "py_pool_map1/fork"), 10)
+        .. "; apply_async " .. verdict(ratio("lua_pool_apply/fork", "py_pool_apply/fork"), 10)
+        .. "; map default chunking " .. verdict(ratio("lua_pool_mapdef/fork", "py_pool_mapdef/fork"), 1))
+
+  rows = {}
+  print("")
+  print("pool of 4: start + close + join (ms); floor: start_processes of 4 trivial workers, same method")
+  for _, m in ipairs { "fork", "spawn", "forkserver" } do
+    row(rows, { name = "lua start_processes x4, " .. m .. " (floor)", key = "lua_start/" .. m .. "/4",
+                unit = "ms", is_floor = true })
+    row(rows, { name = "lua mp.Pool(4), " .. m, key = "lua_pool_start/" .. m, unit = "ms",
+                floor = "lua_start/" .. m .. "/4", py = "py_pool_start/" .. m, target = { max = 1.5 } })
+    row(rows, { name = "python Pool(4), " .. m, key = "py_pool_start/" .. m, unit = "ms",
+                floor = "lua_start/" .. m .. "/4" })
+  end
+  tabulate(HEAD, rows)
 end
 
 print("")

@@ -157,18 +157,21 @@ end
 ---------------------------------------------------------------------------
 -- argument checks: before anything is queued
 
+-- 'level' is error()'s level as seen from the function that calls a check:
+-- 2 (the default) blames its caller.
 local function argerror(fname, i, msg, level)
-  error(("bad argument #%d to '%s' (%s)"):format(i, fname, msg), level or 3)
+  error(("bad argument #%d to '%s' (%s)"):format(i, fname, msg),
+        (level or 2) + 1)
 end
 
 local function describe(v)
-  return math.type(v) == "float" and tostring(v) or
-         type(v) == "number" and tostring(v) or type(v)
+  return type(v) == "number" and tostring(v) or type(v)
 end
 
 local function check_type(fname, i, v, t, level)
   if type(v) ~= t then
-    argerror(fname, i, ("%s expected, got %s"):format(t, type(v)), level)
+    argerror(fname, i, ("%s expected, got %s"):format(t, type(v)),
+             (level or 2) + 1)
   end
   return v
 end
@@ -176,7 +179,7 @@ end
 local function check_count(fname, i, v, what, level)
   if math.type(v) ~= "integer" or v < 1 then
     argerror(fname, i, ("%s must be a positive integer, got %s")
-                       :format(what, describe(v)), level)
+                       :format(what, describe(v)), (level or 2) + 1)
   end
   return v
 end
@@ -184,16 +187,28 @@ end
 local function check_seconds(fname, i, v, what, level)
   if v ~= nil and (type(v) ~= "number" or not (v >= 0)) then
     argerror(fname, i, ("%s must be a non-negative number of seconds, got %s")
-                       :format(what, describe(v)), level)
+                       :format(what, describe(v)), (level or 2) + 1)
   end
   return v
+end
+
+-- A wait's timeout, as everywhere in the library: nil for ever, a negative
+-- number 0; NaN and non-numbers raise.
+local function check_wait(fname, v)
+  if v == nil then return nil end
+  if type(v) ~= "number" or v ~= v then
+    argerror(fname, 1, ("timeout must be a number of seconds, got %s")
+                       :format(describe(v)), 3)
+  end
+  return v < 0 and 0 or v
 end
 
 local NO_OPTIONS = {}
 
 local function check_options(fname, i, opts, known, level)
+  level = (level or 2) + 1
   if opts == nil then return NO_OPTIONS end
-  check_type(fname, i, opts, "table", level + 1)
+  check_type(fname, i, opts, "table", level)
   for k in pairs(opts) do
     if not known[k] then
       argerror(fname, i, ("unknown option '%s'"):format(tostring(k)), level)
@@ -208,7 +223,7 @@ local TO = "to a pool worker"
 local function check_sendable(fname, name, v, level)
   local ok, err = pcall(core.encode, { functions = true, to = TO,
                                        names = { name } }, v)
-  if not ok then error(fname .. ": " .. tostring(err), level) end
+  if not ok then error(fname .. ": " .. tostring(err), (level or 2) + 1) end
 end
 
 ---------------------------------------------------------------------------
@@ -234,7 +249,7 @@ end
 --- ar:get([timeout]) -> the value; raises the task's exception;
 -- nil, "timeout" when it is not ready within 'timeout' seconds.
 function AsyncResult:get(timeout)
-  check_seconds("AsyncResult.get", 1, timeout, "timeout")
+  timeout = check_wait("AsyncResult.get", timeout)
   if not self.done and not self.pool:_run(function() return self.done end,
                                           timeout) then
     return nil, "timeout"
@@ -245,7 +260,7 @@ end
 
 --- ar:wait([timeout]) -> true when ready
 function AsyncResult:wait(timeout)
-  check_seconds("AsyncResult.wait", 1, timeout, "timeout")
+  timeout = check_wait("AsyncResult.wait", timeout)
   if not self.done then
     self.pool:_run(function() return self.done end, timeout)
   end
@@ -311,8 +326,8 @@ end
 function M.new(processes, opts)
   local mp = require "multiprocessing"
   if processes == nil then processes = core.cpu_count() end
-  check_count("Pool", 1, processes, "processes", 3)
-  opts = check_options("Pool", 2, opts, POOL_OPTIONS, 3)
+  check_count("Pool", 1, processes, "processes")
+  opts = check_options("Pool", 2, opts, POOL_OPTIONS)
   local method = opts.start_method or mp.get_start_method()
   if not START_METHODS[method] then
     argerror("Pool", 2, ("unknown start method '%s' (expected \"fork\", "
@@ -323,9 +338,9 @@ function M.new(processes, opts)
   end
   if opts.initargs ~= nil then check_type("Pool", 2, opts.initargs, "table") end
   if opts.maxtasksperchild ~= nil then
-    check_count("Pool", 2, opts.maxtasksperchild, "maxtasksperchild", 3)
+    check_count("Pool", 2, opts.maxtasksperchild, "maxtasksperchild")
   end
-  check_seconds("Pool", 2, opts.timeout, "timeout", 3)
+  check_seconds("Pool", 2, opts.timeout, "timeout")
   local retries = opts.retries or 0
   if math.type(retries) ~= "integer" or retries < 0 then
     argerror("Pool", 2, "retries must be a non-negative integer, got "
@@ -360,21 +375,22 @@ function Pool:__tostring()
                                                self.processes, self.state)
 end
 
-local function check_running(self, fname)
+local function check_running(self, fname, level)
+  level = (level or 2) + 1
   if getmetatable(self) ~= Pool then
-    error(("bad self to '%s' (Pool expected)"):format(fname), 3)
+    error(("bad self to '%s' (Pool expected)"):format(fname), level)
   end
   if self.state ~= "run" then
     error(("%s: the pool is %s"):format(fname, self.state == "close"
-          and "closed" or "terminated"), 3)
+          and "closed" or "terminated"), level)
   end
 end
 
 -- fn -> its id in this pool, checking once that it can be sent.
-local function fn_id(self, fname, fn)
+local function fn_id(self, fname, fn, level)
   local fid = self.fids[fn]
   if not fid then
-    check_sendable(fname, "fn", fn, 4)
+    check_sendable(fname, "fn", fn, (level or 2) + 1)
     fid = self.nextfid
     self.nextfid = fid + 1
     self.fids[fn] = fid
@@ -811,17 +827,17 @@ local MAP_OPTIONS = { chunksize = true, outcomes = true, callback = true,
 
 -- Checks fn, list, chunksize-or-options and makes the job.
 local function new_job(self, fname, kind, fn, list, cs, star, default_cs)
-  check_running(self, fname)
-  check_type(fname, 1, fn, "function", 4)
-  check_type(fname, 2, list, "table", 4)
+  check_running(self, fname, 3)
+  check_type(fname, 1, fn, "function", 3)
+  check_type(fname, 2, list, "table", 3)
   local opts = {}
   if type(cs) == "table" then
-    opts = check_options(fname, 3, cs, MAP_OPTIONS, 4)
+    opts = check_options(fname, 3, cs, MAP_OPTIONS, 3)
     cs = opts.chunksize
   end
   local n = list.n or #list
   if math.type(n) ~= "integer" or n < 0 then
-    argerror(fname, 2, "list.n must be a non-negative integer", 4)
+    argerror(fname, 2, "list.n must be a non-negative integer", 3)
   end
   if cs == nil then
     if default_cs then
@@ -829,18 +845,18 @@ local function new_job(self, fname, kind, fn, list, cs, star, default_cs)
       cs = max(1, extra > 0 and c + 1 or c)
     else cs = 1 end
   end
-  check_count(fname, 3, cs, "chunksize", 4)
-  check_seconds(fname, 3, opts.timeout, "timeout", 4)
+  check_count(fname, 3, cs, "chunksize", 3)
+  check_seconds(fname, 3, opts.timeout, "timeout", 3)
   if star then
     for i = 1, n do
       if type(list[i]) ~= "table" then
         argerror(fname, 2, ("list[%d] must be a table of arguments, got %s")
-                           :format(i, describe(list[i])), 4)
+                           :format(i, describe(list[i])), 3)
       end
     end
   end
-  local fid = fn_id(self, fname, fn)
-  if not core._plain(list, n) then check_sendable(fname, "list", list, 4) end
+  local fid = fn_id(self, fname, fn, 3)
+  if not core._plain(list, n) then check_sendable(fname, "list", list, 3) end
   local job = { kind = kind, mode = star and 1 or 0, fn = fn, fid = fid,
                 list = list, n = n, next = 1, left = n, chunksize = cs,
                 results = { n = n }, tries = {}, outcomes = opts.outcomes,
@@ -963,14 +979,14 @@ function Pool:apply_async(fn, args, opts)
   check_type("Pool.apply_async", 1, fn, "function")
   if args == nil then args = {} end
   check_type("Pool.apply_async", 2, args, "table")
-  opts = check_options("Pool.apply_async", 3, opts, APPLY_OPTIONS, 2)
+  opts = check_options("Pool.apply_async", 3, opts, APPLY_OPTIONS)
   check_seconds("Pool.apply_async", 3, opts.timeout, "timeout")
   local fid = fn_id(self, "Pool.apply_async", fn)
   if next(args) ~= nil then
     for _, v in pairs(args) do
       local t = type(v)
       if t == "table" or t == "function" or t == "userdata" then
-        check_sendable("Pool.apply_async", "args", args, 3)
+        check_sendable("Pool.apply_async", "args", args)
         break
       end
     end
