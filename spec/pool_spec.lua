@@ -105,7 +105,7 @@ describe("mp.Pool basics:", function()
     local pool = mp.Pool(2, { start_method = "fork" })
     local pids = pool:map(function() return mypid() end, { 1, 2, 3, 4 }, 1)
     assert.are.equal(4, pids.n)
-    pool = nil
+    pool = nil -- luacheck: ignore 311
     collectgarbage()
     collectgarbage()
     assert.are.same({}, H.children())
@@ -167,7 +167,9 @@ for _, method in ipairs(H.methods) do
       os.remove(flag)
       assert.are.same({ "2=20", "1=10" }, seen)
       -- breaking out of a loop leaves the pool usable
-      for _, _ in pool:imap(function(x) return x end, { 1, 2, 3, 4, 5 }) do break end
+      local next_result, _, _, closer = pool:imap(function(x) return x end, { 1, 2, 3, 4, 5 })
+      assert.are.same({ 1, 1 }, { next_result() })
+      getmetatable(closer).__close(closer)
       assert.are.same({ 2, n = 1 }, pool:map(function(x) return x * 2 end, { 1 }))
     end)
 
@@ -435,13 +437,14 @@ for _, method in ipairs(H.methods) do
       f:write(H.PATHS,
         "mp = require 'multiprocessing'\n",
         ("pool = mp.Pool(2, { start_method = %q })\n"):format(method),
-        ("f = io.open(%q, 'w') f:write(io.open('/proc/self/stat'):read('a'):match('^%%d+'), ' ', pool.workers[1].pid, ' ', pool.workers[2].pid) f:close()\n"):format(pidfile),
+        ("f = io.open(%q, 'w') f:write(io.open('/proc/self/stat'):read('a'):match('^%%d+'), ' ', "
+         .. "pool.workers[1].pid, ' ', pool.workers[2].pid) f:close()\n"):format(pidfile),
         "pool:apply(function() os.execute('sleep 30') end)\n",
         "print('back at ' .. 'the prompt', pool.state)\n")
       f:close()
       -- script(1) gives the interpreter a terminal; the input is typed in
-      local repl = io.popen(("(sleep 1; cat %s; while [ ! -e %s.sent ]; do sleep 0.1; done; sleep 1) | script -qfec 'lua5.4 -i' /dev/null 2>&1")
-                            :format(input, input))
+      local repl = io.popen(("(sleep 1; cat %s; while [ ! -e %s.sent ]; do sleep 0.1; done; sleep 1)"
+                             .. " | script -qfec 'lua5.4 -i' /dev/null 2>&1"):format(input, input))
       local pids = H.wait_pids(pidfile, 20)
       os.execute("sleep 0.5; kill -INT " .. pids[1])
       touch(input .. ".sent")

@@ -9,8 +9,9 @@
 -- Messages, parent -> worker (its task Queue, which alone carries Lua
 -- functions as bytecode: q:_functions()):
 --   { mid, fid, mode, n, item1, ..., itemn, fns = {[fid] = fn}, reset = bool }
---   mode 0: fn(item); 1: fn(table.unpack(item)); 2 (apply_async): item is
---   {fid, args} and fns[fid](table.unpack(args)); false: stop.
+--   mode 0: fn(item); 1: fn(table.unpack(item)); 2 (apply_async): the
+--   items are n pairs fid, args and each runs fns[fid](table.unpack(args));
+--   false: stop.
 -- A function is sent to a worker once (the first message that needs it) and
 -- kept there under its id; 'reset' empties that cache when it grows large.
 -- Results, worker -> parent (the shared result Queue, data only):
@@ -28,7 +29,7 @@ local M = {}
 local now, mk_exception = core._now, core._exception
 local unpack, tmove, floor, min, max = table.unpack, table.move, math.floor,
                                        math.min, math.max
-local pcall, type, select = pcall, type, select
+local pcall, type = pcall, type
 
 local MID = 65536          -- cur = mid * MID + k: at most MID - 1 items a message
 local MAXMSG = 4096        -- items in one message at most
@@ -38,7 +39,8 @@ local FLUSH = 0.05         -- a worker posts partial results after this long
 local KILL_GRACE = 0.5     -- SIGTERM, then SIGKILL after this long
 local TERM_GRACE = 1.0     -- terminate(): the same for the whole pool
 local FNCACHE = 256        -- functions a worker keeps before a reset
-local APPLY_BATCH = 256   -- apply_async calls gathered while workers are busy
+local APPLY_BATCH = 1024  -- apply_async calls gathered while workers are busy
+local APPLY_IDLE = 64     -- ... or while some worker is idle
 local WINDOW = 65536       -- imap: results buffered ahead of the consumer
 local RESULTS_CAP = 64 << 20
 
@@ -102,12 +104,14 @@ local function run_message(msg, fns, results, mark)
     while k < n do
       k = k + 1
       mark(base + k)
-      local item, r = msg[4 + k]
-      if mode == 0 then r = fn(item)
-      elseif mode == 1 then r = fn(unpack(item, 1, item.n or #item))
+      local r
+      if mode == 0 then r = fn(msg[4 + k])
+      elseif mode == 1 then
+        local item = msg[4 + k]
+        r = fn(unpack(item, 1, item.n or #item))
       else
-        local args = item[2]
-        r = fns[item[1]](unpack(args, 1, args.n or #args))
+        local args = msg[4 + 2 * k]
+        r = fns[msg[3 + 2 * k]](unpack(args, 1, args.n or #args))
       end
       out[3 + k - k0 + 1] = r
       if k == probe and k < n then
@@ -185,7 +189,7 @@ local function check_count(fname, i, v, what, level)
 end
 
 local function check_seconds(fname, i, v, what, level)
-  if v ~= nil and (type(v) ~= "number" or not (v >= 0)) then
+  if v ~= nil and (type(v) ~= "number" or v ~= v or v < 0) then
     argerror(fname, i, ("%s must be a non-negative number of seconds, got %s")
                        :format(what, describe(v)), (level or 2) + 1)
   end
@@ -358,7 +362,8 @@ function M.new(processes, opts)
   self.results = mp.Queue(0, { capacity = RESULTS_CAP })
   self.cur = core._board(processes)
   self.applies = { kind = "apply", mode = 2, list = {}, n = 0, next = 1,
-                   left = 0, chunksize = 1, ars = {}, fns = {}, timeouts = {},
+                   left = 0, chunksize = 1, ars = {}, fids = {}, fns = {},
+                   timeouts = {},
                    tries = {}, pool = self }
   local ok, err = pcall(function()
     for slot = 1, processes do new_worker(self, slot) end
@@ -442,11 +447,12 @@ local function send(self, w, job, first, n)
   self.nextmid = mid + 1
   local msg = { mid, job.fid or 0, job.mode, n }
   if job.mode == 2 then
-    local list, fns = job.list, job.fns
+    local list, fids, fns, known = job.list, job.fids, job.fns, w.fns
     for k = 1, n do
-      local item = list[first + k - 1]
-      msg[4 + k] = item
-      need_fn(w, msg, item[1], fns[first + k - 1])
+      local pos = first + k - 1
+      local fid = fids[pos]
+      msg[3 + 2 * k], msg[4 + 2 * k] = fid, list[pos]
+      if not known[fid] then need_fn(w, msg, fid, fns[pos]) end
     end
   else
     tmove(job.list, first, first + n - 1, 5, msg)
@@ -536,8 +542,8 @@ local function settle(self, job, pos, ok, value)
   local kind = job.kind
   if kind == "apply" then
     local ar = job.ars[pos]
-    job.ars[pos], job.list[pos], job.fns[pos], job.timeouts[pos],
-      job.tries[pos] = nil, nil, nil, nil, nil
+    job.ars[pos], job.list[pos], job.fids[pos], job.fns[pos],
+      job.timeouts[pos], job.tries[pos] = nil, nil, nil, nil, nil, nil
     if job.left == 0 then self.active = self.active - 1 end
     resolve(ar, ok, value)
     return
@@ -562,7 +568,7 @@ local function settle(self, job, pos, ok, value)
   if job.left == 0 and not job.abandoned then finish_job(self, job) end
 end
 
-local function task_exception(self, job, pos, w, e)
+local function task_exception(job, pos, w, e)
   return mk_exception("raised", {
     msg = ("\n\n-- %s failed in pool process %d with the following "
            .. "error:\n%s"):format(task_name(job, pos), w.pid, e[1]),
@@ -586,7 +592,7 @@ function Pool:_receive(res)
     for k = k0, k1 do
       local e = errs and errs[k]
       if e then settle(self, job, base + k, false,
-                       task_exception(self, job, base + k, w, e))
+                       task_exception(job, base + k, w, e))
       else settle(self, job, base + k, true, res[4 + k - k0]) end
     end
   end
@@ -776,7 +782,7 @@ end
 -- done().  Callbacks run here, in the parent.
 function Pool:_run(done, timeout)
   local deadline = timeout and now() + timeout
-  local guard <close> = interrupt_guard(self)
+  local _ <close> = interrupt_guard(self)
   local results = self.results
   while true do
     if self.broken then error(self.broken, 0) end
@@ -994,7 +1000,7 @@ function Pool:apply_async(fn, args, opts)
   local job = self.applies
   local pos = job.n + 1
   job.n, job.left = pos, job.left + 1
-  job.list[pos], job.fns[pos] = { fid, args }, fn
+  job.list[pos], job.fids[pos], job.fns[pos] = args, fid, fn
   job.timeouts[pos] = opts.timeout
   local ar = new_result(self, opts)
   ar.task = pos
@@ -1003,9 +1009,11 @@ function Pool:apply_async(fn, args, opts)
   enqueue(self, job)
   -- A call goes out at once when the pool is idle; otherwise calls gather
   -- and go out in messages of many (a message per call would cost a
-  -- worker's wake-up per call) when APPLY_BATCH wait or when the parent
-  -- next waits for results.
-  if self.nmsg == 0 or pos - job.next >= APPLY_BATCH then
+  -- worker's wake-up per call): when APPLY_IDLE wait and a worker is idle,
+  -- when APPLY_BATCH wait, or when the parent next waits for results.
+  local waiting = pos - job.next + 1
+  if self.nmsg == 0 or waiting >= APPLY_BATCH
+      or waiting >= APPLY_IDLE and self.nmsg < self.processes then
     self:_drain()
     self:_dispatch()
   end
@@ -1030,7 +1038,7 @@ function Pool:join()
   end
   if self.state == "close" then
     self:_run(function() return self.active == 0 end)
-    local guard <close> = interrupt_guard(self)
+    local _ <close> = interrupt_guard(self)
     for _, w in ipairs(self.workers) do
       if w.ctx then w.q:put(false) end
     end
