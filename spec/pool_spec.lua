@@ -238,6 +238,14 @@ for _, method in ipairs(H.methods) do
       assert.are.equal(4, e.task)
       assert.are.same({ 1, 2, 3 }, seen)
       assert.are.same({ 1, 2, n = 2 }, pool:map(check, { 1, 2 }))
+      -- a result that cannot cross is that task's error
+      r = pool:map(function(x)
+        if x == 2 then return function() return x end end
+        return x
+      end, { 1, 2, 3 }, { outcomes = true, chunksize = 3 })
+      assert.are.same({ ok = true, value = 1 }, r[1])
+      assert.matches("cannot send the task's result", r[2].error.msg)
+      assert.are.same({ ok = true, value = 3 }, r[3])
     end)
 
     it("a worker SIGKILLed mid-task: that task fails, the others run, the worker is replaced", function()
@@ -397,6 +405,26 @@ for _, method in ipairs(H.methods) do
     end)
   end)
 end
+
+describe("mp.Pool under the file_system sharing strategy:", function()
+  H.leak_check(before_each, after_each, "file_system")
+
+  for _, method in ipairs(H.methods) do
+    it("arrays cross to tasks and back, and no segment is left (" .. method .. ")", function()
+      local a = mp.Array("int64", 8)
+      local pool <close> = mp.Pool(2, { start_method = method })
+      local r = pool:map(function(x)
+        x[1][x[2]] = x[2] * 10
+        if x[2] == 3 then os.exit(9) end   -- a worker dies holding it
+        return x[1]
+      end, { { a, 1 }, { a, 2 }, { a, 3 }, { a, 4 } }, { outcomes = true })
+      assert.are.same({ 10, 20, 30, 40 }, { a[1], a[2], a[3], a[4] })
+      assert.are.equal(9, r[3].error.exit_code)
+      r[4].value[5] = 55
+      assert.are.equal(55, a[5])
+    end)
+  end
+end)
 
 -- A child interpreter running 'body' with a pool; its pid and its workers'
 -- pids go to a file.  Returns the file's name.

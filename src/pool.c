@@ -146,6 +146,24 @@ static int l_plain(lua_State *L) {
   return 1;
 }
 
+/* _check_sendable(v, name [, to [, data]]): raises the codec's error
+** (naming the path from 'name') when v cannot be sent 'to' (default "to a
+** pool worker"), with functions unless 'data'.  The encoding is a
+** broadcast, so that it holds its references itself and gives them all
+** back when closed: checking takes nothing. */
+static int l_check_sendable(lua_State *L) {
+  const char *names[1];
+  const char *to = luaL_optstring(L, 3, "to a pool worker");
+  int flags = lua_toboolean(L, 4) ? MP_CODEC_DATA : MP_CODEC_FUNCTIONS;
+  mp_Encoded enc;
+  luaL_checkany(L, 1);
+  names[0] = luaL_checkstring(L, 2);
+  lua_settop(L, 4);
+  mp_encode(L, 1, 1, flags | MP_CODEC_BROADCAST, names, to, &enc);
+  mp_encoded_close(L, 5);                     /* v name to data box */
+  return 0;
+}
+
 /* _exception(kind, fields) -> a new exception of kind "base", "raised",
 ** "exited" or "timeout" with the fields of the table 'fields'. */
 static int l_exception(lua_State *L) {
@@ -182,6 +200,7 @@ void mp_open_pool(lua_State *L) {
   static const luaL_Reg funcs[] = {
     {"cpu_count", l_cpu_count}, {"_now", l_now}, {"_isatty", l_isatty},
     {"_exception", l_exception}, {"_plain", l_plain}, {"_board", l_board},
+    {"_check_sendable", l_check_sendable},
     {NULL, NULL}
   };
   mp_new_class(L, BOARD_T, board_meta, board_methods);

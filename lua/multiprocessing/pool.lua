@@ -67,6 +67,7 @@ local function task_traceback(e)
 end
 
 -- Posts results; a value that cannot cross becomes that item's error.
+local TO_PARENT = "to the pool's parent"
 local function post(results, out)
   local ok, err = pcall(results.put, results, out)
   if ok then return end
@@ -74,17 +75,17 @@ local function post(results, out)
   out.e = out.e or {}
   for k = k0, out[3] do
     local v = out[3 + k - k0 + 1]
-    if v ~= nil and not out.e[k]
-        and not pcall(core.encode, { to = "to the pool's parent" }, v) then
-      local _, why = pcall(core.encode, { to = "to the pool's parent",
-                                          names = { "result" } }, v)
+    local sendable, why = pcall(core._check_sendable, v, "result", TO_PARENT,
+                                true)
+    if not sendable and not out.e[k] then
       out[3 + k - k0 + 1] = nil
       out.e[k] = { "cannot send the task's result: " .. tostring(why) }
     end
   end
-  for k, e in pairs(out.e) do
-    if e[2] ~= nil and not pcall(core.encode, {}, e[2]) then e[2] = nil end
-    out.e[k] = e
+  for _, e in pairs(out.e) do
+    if not pcall(core._check_sendable, e[2], "error", TO_PARENT, true) then
+      e[2] = nil
+    end
   end
   ok = pcall(results.put, results, out)
   if not ok then error(err, 0) end
@@ -221,12 +222,9 @@ local function check_options(fname, i, opts, known, level)
   return opts
 end
 
-local TO = "to a pool worker"
-
 -- Raises the codec's error, naming the path, when 'v' cannot be sent.
 local function check_sendable(fname, name, v, level)
-  local ok, err = pcall(core.encode, { functions = true, to = TO,
-                                       names = { name } }, v)
+  local ok, err = pcall(core._check_sendable, v, name)
   if not ok then error(fname .. ": " .. tostring(err), (level or 2) + 1) end
 end
 
@@ -670,6 +668,18 @@ function Pool:_killed(job, pos, w, code, timeout)
   settle(self, job, pos, false, e)
 end
 
+-- Ends worker 'w' (SIGTERM, 'grace' seconds, SIGKILL) and its queue.  The
+-- messages it never took are read here: what they hold (file_system
+-- references of arrays) is given back when they are collected, not lost
+-- with the queue.
+local function retire(w, grace)
+  w.ctx:close(grace)
+  local q = w.q
+  while q:qsize() > 0 and pcall(q.get, q, 0) do end
+  q:close()
+  w.ctx = nil
+end
+
 -- Worker 'w' has exited: its unfinished items run again elsewhere, the one
 -- it was running fails (or is retried), and a new worker takes its slot.
 function Pool:_lost(w)
@@ -698,9 +708,8 @@ function Pool:_lost(w)
   for i = self.redohead, #self.redo do redo[#redo + 1] = self.redo[i] end
   self.redo, self.redohead = redo, 1
   local started = self.cur:get(w.slot) ~= 0
-  w.ctx:close(0)
-  w.q:close()
-  w.ctx, w.inflight = nil, {}
+  retire(w, 0)
+  w.inflight = {}
   if not ok and mp_isinstance(err, "ProcessRaisedException") then
     -- the worker itself failed (its initializer): the pool cannot work
     self.broken = err
@@ -1048,9 +1057,7 @@ function Pool:join()
         if not ok and tostring(err):find("interrupted", 1, true) then
           error(err, 0)
         end
-        w.ctx:close(0)
-        w.q:close()
-        w.ctx = nil
+        retire(w, 0)
       end
     end
     self.state = "joined"
@@ -1090,9 +1097,7 @@ function Pool:terminate()
   end
   for _, w in pairs(self.workers) do
     if w.ctx then
-      w.ctx:close(TERM_GRACE)
-      w.q:close()
-      w.ctx = nil
+      retire(w, TERM_GRACE)
     end
   end
   pcall(fail_pending, self)
