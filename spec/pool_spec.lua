@@ -205,6 +205,17 @@ for _, method in ipairs(H.methods) do
       assert.are.equal(5, pool:apply(function(x) return x + 1 end, { 4 }))
       local m = pool:map_async(function(x) return -x end, { 1, 2, 3 })
       assert.are.same({ -1, -2, -3, n = 3 }, m:get())
+      -- a callback that raises: its error comes out of the pool call that
+      -- ran it, and the other results are not lost
+      local bad = pool:apply_async(function() return 1 end, {},
+                                   { callback = function() error("cb failed") end })
+      local good = pool:apply_async(function() return 2 end)
+      local cbok, cberr = pcall(bad.get, bad)
+      if cbok then cbok, cberr = pcall(good.get, good) end
+      assert.is_false(cbok)
+      assert.matches("cb failed", cberr)
+      assert.are.equal(1, bad:get())
+      assert.are.equal(2, good:get())
     end)
 
     it("a task that raises: traceback, e.task, e.value; the pool keeps working", function()

@@ -242,10 +242,17 @@ local function new_result(pool, opts)
 end
 
 -- Settles ar with (ok, value) and runs its callback, in the parent.
+-- A callback that raises does not stop the pool from taking the other
+-- results: its error is raised by the pool call that ran it, afterwards.
 local function resolve(ar, ok, value)
   ar.done, ar.ok, ar.value = true, ok, value
   local cb = ok and ar.callback or not ok and ar.error_callback
-  if cb then cb(value) end
+  if cb then
+    local cbok, err = pcall(cb, value)
+    if not cbok and not ar.pool.callback_error then
+      ar.pool.callback_error = err
+    end
+  end
 end
 
 --- ar:get([timeout]) -> the value; raises the task's exception;
@@ -443,7 +450,8 @@ end
 local function send(self, w, job, first, n)
   local mid = self.nextmid
   self.nextmid = mid + 1
-  local msg = { mid, job.fid or 0, job.mode, n }
+  local msg = { mid, job.fid or 0, job.mode, n, reset = w.reset }
+  w.reset = nil
   if job.mode == 2 then
     local list, fids, fns, known = job.list, job.fids, job.fns, w.fns
     for k = 1, n do
@@ -456,7 +464,8 @@ local function send(self, w, job, first, n)
     tmove(job.list, first, first + n - 1, 5, msg)
     need_fn(w, msg, job.fid, job.fn)
   end
-  w.q:put(msg)
+  local ok, err = pcall(w.q.put, w.q, msg)
+  if not ok then return self:_unsent(w, job, first, n, err) end
   self.msgs[mid] = { w = w, job = job, first = first, n = n, upto = 0 }
   w.inflight[mid] = true
   w.nmsg, self.nmsg = w.nmsg + 1, self.nmsg + 1
@@ -573,6 +582,25 @@ local function task_exception(job, pos, w, e)
     task = pos, value = e[2], pid = w.pid, error_pid = w.pid,
     error_index = w.slot - 1, exit_code = 1,
   })
+end
+
+-- A message could not be put on worker w's queue: its items go to another
+-- worker when w is dead, else they fail with the error.  The functions it
+-- carried may not have arrived: w's cache starts again.
+function Pool:_unsent(w, job, first, n, err)
+  if tostring(err):find("interrupted", 1, true) then error(err, 0) end
+  w.fns, w.nfns, w.reset = {}, 0, true
+  local dead = not w.proc:is_alive()
+  for pos = first, first + n - 1 do
+    if dead then
+      self.redo[#self.redo + 1] = { job = job, pos = pos }
+    else
+      settle(self, job, pos, false, mk_exception("base", {
+        msg = ("%s could not be sent to pool process %d: %s")
+              :format(task_name(job, pos), w.pid, tostring(err)),
+        task = pos }))
+    end
+  end
 end
 
 -- A results message from a worker.
@@ -795,6 +823,11 @@ function Pool:_run(done, timeout)
   local results = self.results
   while true do
     if self.broken then error(self.broken, 0) end
+    if self.callback_error then
+      local err = self.callback_error
+      self.callback_error = nil
+      error(err, 0)
+    end
     self:_dispatch()
     if done() then return true end
     if self.state == "terminate" and self.active == 0 then return done() end
@@ -1120,7 +1153,7 @@ function Pool:__close(err)
 end
 
 function Pool:__gc()
-  if self.state ~= "joined" then self:terminate() end
+  if self.state ~= "joined" then pcall(self.terminate, self) end
 end
 
 return M
