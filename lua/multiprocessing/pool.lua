@@ -100,26 +100,37 @@ local function run_message(msg, fns, results, mark)
   local fn = fns[msg[2]]
   local base, start = mid * MID, now()
   local out, k0, k = { mid, 1 }, 1, 0
-  local flushed, stride, probe = start, 1, 1
+  local flushed, stride = start, 1
   local function body()
+    local mark_, fn_, msg_, base_ = mark, fn, msg, base
     while k < n do
-      k = k + 1
-      mark(base + k)
-      local r
-      if mode == 0 then r = fn(msg[4 + k])
+      -- items k+1 .. last; item i's result goes to out[i + off]
+      local last, o, off = min(n, k + stride), out, 4 - k0
+      if mode == 0 then
+        for i = k + 1, last do
+          k = i
+          mark_(base_ + i)
+          o[i + off] = fn_(msg_[4 + i])
+        end
       elseif mode == 1 then
-        local item = msg[4 + k]
-        r = fn(unpack(item, 1, item.n or #item))
+        for i = k + 1, last do
+          k = i
+          mark_(base_ + i)
+          local item = msg_[4 + i]
+          o[i + off] = fn_(unpack(item, 1, item.n or #item))
+        end
       else
-        local args = msg[4 + 2 * k]
-        r = fns[msg[3 + 2 * k]](unpack(args, 1, args.n or #args))
+        for i = k + 1, last do
+          k = i
+          mark_(base_ + i)
+          local args = msg_[4 + 2 * i]
+          o[i + off] = fns[msg_[3 + 2 * i]](unpack(args, 1, args.n or #args))
+        end
       end
-      out[3 + k - k0 + 1] = r
-      if k == probe and k < n then
-        local t = now()
+      if k < n then
         -- fast items: look at the clock every 64th; slow ones: every one
+        local t = now()
         stride = (t - flushed) / (k - k0 + 1) > 1e-3 and 1 or 64
-        probe = k + stride
         if t - flushed >= FLUSH then
           out[3] = k
           post(results, out)
@@ -258,10 +269,11 @@ end
 --- ar:get([timeout]) -> the value; raises the task's exception;
 -- nil, "timeout" when it is not ready within 'timeout' seconds.
 function AsyncResult:get(timeout)
-  timeout = check_wait("AsyncResult.get", timeout)
-  if not self.done and not self.pool:_run(function() return self.done end,
-                                          timeout) then
-    return nil, "timeout"
+  if not self.done then
+    if timeout ~= nil then timeout = check_wait("AsyncResult.get", timeout) end
+    if not self.pool:_run(function() return self.done end, timeout) then
+      return nil, "timeout"
+    end
   end
   if not self.ok then error(self.value, 0) end
   return self.value
@@ -1022,21 +1034,24 @@ end
 local APPLY_OPTIONS = { callback = true, error_callback = true, timeout = true }
 
 --- pool:apply_async(fn [, args [, opts]]) -> AsyncResult
+-- (the checks are inline where they cost: a call per task adds up)
 function Pool:apply_async(fn, args, opts)
-  check_running(self, "Pool.apply_async")
-  check_type("Pool.apply_async", 1, fn, "function")
-  if args == nil then args = {} end
-  check_type("Pool.apply_async", 2, args, "table")
-  opts = check_options("Pool.apply_async", 3, opts, APPLY_OPTIONS)
-  check_seconds("Pool.apply_async", 3, opts.timeout, "timeout")
-  local fid = fn_id(self, "Pool.apply_async", fn)
-  if next(args) ~= nil then
-    for _, v in pairs(args) do
-      local t = type(v)
-      if t == "table" or t == "function" or t == "userdata" then
-        check_sendable("Pool.apply_async", "args", args)
-        break
-      end
+  if self.state ~= "run" then check_running(self, "Pool.apply_async") end
+  if type(fn) ~= "function" then check_type("Pool.apply_async", 1, fn, "function") end
+  if args == nil then args = {}
+  elseif type(args) ~= "table" then check_type("Pool.apply_async", 2, args, "table") end
+  if opts ~= nil then
+    opts = check_options("Pool.apply_async", 3, opts, APPLY_OPTIONS)
+    check_seconds("Pool.apply_async", 3, opts.timeout, "timeout")
+  else
+    opts = NO_OPTIONS
+  end
+  local fid = self.fids[fn] or fn_id(self, "Pool.apply_async", fn)
+  for _, v in next, args do
+    local t = type(v)
+    if t == "table" or t == "function" or t == "userdata" then
+      check_sendable("Pool.apply_async", "args", args)
+      break
     end
   end
   local job = self.applies
@@ -1044,8 +1059,10 @@ function Pool:apply_async(fn, args, opts)
   job.n, job.left = pos, job.left + 1
   job.list[pos], job.fids[pos], job.fns[pos] = args, fid, fn
   job.timeouts[pos] = opts.timeout
-  local ar = new_result(self, opts)
-  ar.task = pos
+  local ar = setmetatable({ pool = self, done = false, task = pos,
+                            callback = opts.callback,
+                            error_callback = opts.error_callback },
+                          AsyncResult)
   job.ars[pos] = ar
   if job.left == 1 then self.active = self.active + 1 end
   enqueue(self, job)
