@@ -632,6 +632,8 @@ function Pool:_receive(res)
       if e then settle(self, job, base + k, false,
                        task_exception(job, base + k, w, e))
       else settle(self, job, base + k, true, res[4 + k - k0]) end
+      -- a callback that terminated the pool has settled everything
+      if self.msgs[mid] ~= rec then return end
     end
   end
   rec.upto = k1
