@@ -476,8 +476,10 @@ local function send(self, w, job, first, n)
     tmove(job.list, first, first + n - 1, 5, msg)
     need_fn(w, msg, job.fid, job.fn)
   end
-  local ok, err = pcall(w.q.put, w.q, msg)
-  if not ok then return self:_unsent(w, job, first, n, err) end
+  local ok, sent, why = pcall(w.q.put, w.q, msg)
+  if not (ok and sent) then
+    return self:_unsent(w, job, first, n, ok and why or sent)
+  end
   self.msgs[mid] = { w = w, job = job, first = first, n = n, upto = 0 }
   w.inflight[mid] = true
   w.nmsg, self.nmsg = w.nmsg + 1, self.nmsg + 1
@@ -658,7 +660,8 @@ function Pool:_drain()
   while results:qsize() > 0 do
     local ok, msg = pcall(get_result, results, 0)
     if not ok then self:_queue_error(msg) return end
-    if msg then self:_receive(msg) end
+    if msg == nil then return end   -- a message being written, or dropped
+    self:_receive(msg)
   end
 end
 
@@ -717,7 +720,10 @@ end
 local function retire(w, grace)
   w.ctx:close(grace)
   local q = w.q
-  while q:qsize() > 0 and pcall(q.get, q, 0) do end
+  while q:qsize() > 0 do
+    local ok, msg = pcall(q.get, q, 0)
+    if not ok or msg == nil then break end
+  end
   q:close()
   w.ctx = nil
 end
