@@ -622,6 +622,7 @@ function Pool:_receive(res)
   local mid, k0, k1 = res[1], res[2], res[3]
   local rec = self.msgs[mid]
   if not rec or k0 ~= rec.upto + 1 then return end  -- a worker gone since
+  self.unready = 0
   local job, w, errs = rec.job, rec.w, res.e
   local base = rec.first - 1
   if job.kind == "map" and not errs and not job.outcomes then
@@ -762,49 +763,79 @@ function Pool:_lost(w)
     -- the worker itself failed (its initializer): the pool cannot work
     self.broken = err
   elseif not started and code ~= 0 then
-    self.broken = mk_exception("exited", {
-      msg = ("pool process %d terminated with %s before it was ready (in "
-             .. "its initializer?)"):format(w.pid, (exit_text(code))),
-      pid = w.pid, error_pid = w.pid, error_index = w.slot - 1,
-      exit_code = code })
+    -- killed while starting (it happens), or an initializer that exits:
+    -- the pool gives up when no worker gets ready before this many die
+    self.unready = (self.unready or 0) + 1
+    if self.unready > self.processes + 3 then
+      self.broken = mk_exception("exited", {
+        msg = ("pool process %d terminated with %s before it was ready, "
+               .. "as did %d others (in the initializer?)")
+              :format(w.pid, (exit_text(code)), self.unready - 1),
+        pid = w.pid, error_pid = w.pid, error_index = w.slot - 1,
+        exit_code = code })
+    end
   end
   if self.broken then
     self:terminate()
     error(self.broken, 0)
   end
-  if self.state ~= "terminate" then new_worker(self, w.slot) end
+  if self.state ~= "terminate" then self:_restart(w) end
 end
 
--- Looks at every worker: dead ones are replaced, hung tasks killed.
+-- Starts a worker in w's slot.  A start that fails (EAGAIN, EMFILE, a
+-- forkserver that died) leaves the slot empty for the next look; the
+-- third failure in a row breaks the pool with its error.
+function Pool:_restart(w)
+  local ok, err = pcall(new_worker, self, w.slot)
+  if ok then return end
+  local fails = (w.start_fails or 0) + 1
+  self.workers[w.slot] = { slot = w.slot, start_fails = fails, inflight = {},
+                           nmsg = 0, assigned = 0, fns = {}, nfns = 0 }
+  if fails >= 3 then
+    self.broken = err
+    self:terminate()
+    error(err, 0)
+  end
+end
+
+-- A live worker: killed after its grace when it is being killed, else
+-- terminated when its task has run past its timeout.
+local function watch(self, w, t)
+  if w.killing then
+    if t - w.killing.at > KILL_GRACE and not w.killing.kill then
+      w.killing.kill = true
+      pcall(w.proc.kill, w.proc)
+    end
+    return
+  end
+  local v = self.cur:get(w.slot)
+  if v ~= w.seen then
+    w.seen, w.since = v, t
+    return
+  end
+  local rec, k = running_item(self, w)
+  if not rec then return end
+  local job, pos = rec.job, rec.first + k - 1
+  local limit = job.kind == "apply" and job.timeouts[pos] or job.timeout
+                or self.timeout
+  if limit and t - w.since > limit then
+    w.killing = { at = t, timeout = limit }
+    pcall(w.proc.terminate, w.proc)
+  end
+end
+
+-- Looks at every worker: dead ones are replaced, hung tasks killed, empty
+-- slots filled again.
 function Pool:_check()
   local t = now()
   self.next_check = t + SLICE
   for _, w in ipairs(self.workers) do
-    if w.ctx then
-      if not w.proc:is_alive() then
-        self:_lost(w)
-      elseif w.killing then
-        if t - w.killing.at > KILL_GRACE and not w.killing.kill then
-          w.killing.kill = true
-          pcall(w.proc.kill, w.proc)
-        end
-      else
-        local v = self.cur:get(w.slot)
-        if v ~= w.seen then
-          w.seen, w.since = v, t
-        elseif v > 0 then
-          local rec, k = running_item(self, w)
-          if rec then
-            local job, pos = rec.job, rec.first + k - 1
-            local limit = job.kind == "apply" and job.timeouts[pos]
-                          or job.timeout or self.timeout
-            if limit and t - w.since > limit then
-              w.killing = { at = t, timeout = limit }
-              pcall(w.proc.terminate, w.proc)
-            end
-          end
-        end
-      end
+    if not w.ctx then
+      if w.start_fails and self.state ~= "terminate" then self:_restart(w) end
+    elseif not w.proc:is_alive() then
+      self:_lost(w)
+    else
+      watch(self, w, t)
     end
   end
 end
