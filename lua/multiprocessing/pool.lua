@@ -3,8 +3,9 @@
 -- Each worker is a ProcessContext of one process (start_processes with the
 -- pool's start method, join = false), so one worker can be killed and
 -- replaced without touching the others, and dies with the parent like any
--- worker.  The worker body is M._worker: take a message of tasks from its
--- own private queue, run them, post the results on the pool's result queue.
+-- worker.  The worker body is poolworker.worker: take a message of tasks from its
+-- own private queue, run them, post the results on the pool's result queue
+-- (poolworker.lua: a module of its own, which a fresh worker loads quickly).
 --
 -- Messages, parent -> worker (its task Queue, which alone carries Lua
 -- functions as bytecode: q:_functions()):
@@ -23,19 +24,18 @@
 -- (0: starting, -1: idle).  That is how a task timeout is seen and which
 -- task a dead worker was running.
 local core = require "multiprocessing.core"
+local W = require "multiprocessing.poolworker"
 
 local M = {}
 
 local now, mk_exception = core._now, core._exception
-local unpack, tmove, floor, min, max = table.unpack, table.move, math.floor,
-                                       math.min, math.max
+local tmove, floor, min, max = table.move, math.floor, math.min, math.max
+local MID = W.MID
 local pcall, type = pcall, type
 
-local MID = 65536          -- cur = mid * MID + k: at most MID - 1 items a message
 local MAXMSG = 4096        -- items in one message at most
 local INFLIGHT = 2         -- messages queued to one worker at most
 local SLICE = 0.05         -- seconds between looks at the workers
-local FLUSH = 0.05         -- a worker posts partial results after this long
 local KILL_GRACE = 0.5     -- SIGTERM, then SIGKILL after this long
 local TERM_GRACE = 1.0     -- terminate(): the same for the whole pool
 local FNCACHE = 256        -- functions a worker keeps before a reset
@@ -49,125 +49,6 @@ local START_METHODS = { fork = true, spawn = true, forkserver = true }
 local function mp_isinstance(v, tname)
   local mp = require "multiprocessing"
   return mp.isinstance(v, mp[tname])
-end
-
----------------------------------------------------------------------------
--- the worker
-
-local function task_traceback(e)
-  local text = debug.traceback("", 3)
-  -- the frames of the pool's own loop are not the user's
-  text = text:gsub("\n[^\n]*multiprocessing/pool%.lua:.*$", "")
-  local msg = (type(e) == "string" or type(e) == "number") and tostring(e)
-  if not msg then
-    local ok, s = pcall(tostring, e)
-    msg = ok and s or ("(error object is a %s value)"):format(type(e))
-  end
-  return { text:sub(2) .. "\n" .. msg, type(e) ~= "string" and e or nil }
-end
-
--- Posts results; a value that cannot cross becomes that item's error.
-local TO_PARENT = "to the pool's parent"
-local function post(results, out)
-  local ok, err = pcall(results.put, results, out)
-  if ok then return end
-  local k0 = out[2]
-  out.e = out.e or {}
-  for k = k0, out[3] do
-    local v = out[3 + k - k0 + 1]
-    local sendable, why = pcall(core._check_sendable, v, "result", TO_PARENT,
-                                true)
-    if not sendable and not out.e[k] then
-      out[3 + k - k0 + 1] = nil
-      out.e[k] = { "cannot send the task's result: " .. tostring(why) }
-    end
-  end
-  for _, e in pairs(out.e) do
-    if not pcall(core._check_sendable, e[2], "error", TO_PARENT, true) then
-      e[2] = nil
-    end
-  end
-  ok = pcall(results.put, results, out)
-  if not ok then error(err, 0) end
-end
-
--- Runs the items of one message into 'out', all in one protected call
--- while they succeed: the error handler records a failure, and the loop
--- goes on from the next item.  Partial results go out every FLUSH seconds
--- (the clock is read per item only once items are seen to be slow).
-local function run_message(msg, fns, results, mark)
-  local mid, mode, n = msg[1], msg[3], msg[4]
-  local fn = fns[msg[2]]
-  local base, start = mid * MID, now()
-  local out, k0, k = { mid, 1 }, 1, 0
-  local flushed, stride = start, 1
-  local function body()
-    local mark_, fn_, msg_, base_ = mark, fn, msg, base
-    while k < n do
-      -- items k+1 .. last; item i's result goes to out[i + off]
-      local last, o, off = min(n, k + stride), out, 4 - k0
-      if mode == 0 then
-        for i = k + 1, last do
-          k = i
-          mark_(base_ + i)
-          o[i + off] = fn_(msg_[4 + i])
-        end
-      elseif mode == 1 then
-        for i = k + 1, last do
-          k = i
-          mark_(base_ + i)
-          local item = msg_[4 + i]
-          o[i + off] = fn_(unpack(item, 1, item.n or #item))
-        end
-      else
-        for i = k + 1, last do
-          k = i
-          mark_(base_ + i)
-          local args = msg_[4 + 2 * i]
-          o[i + off] = fns[msg_[3 + 2 * i]](unpack(args, 1, args.n or #args))
-        end
-      end
-      if k < n then
-        -- fast items: look at the clock every 64th; slow ones: every one
-        local t = now()
-        stride = (t - flushed) / (k - k0 + 1) > 1e-3 and 1 or 64
-        if t - flushed >= FLUSH then
-          out[3] = k
-          post(results, out)
-          k0, flushed, out = k + 1, t, { mid, k + 1 }
-        end
-      end
-    end
-  end
-  local function failed(e)
-    out.e = out.e or {}
-    out.e[k] = task_traceback(e)
-  end
-  while k < n do xpcall(body, failed) end
-  out[3], out.d = n, now() - start
-  return out
-end
-
---- The body of a pool worker (a module function: it crosses by reference).
-function M._worker(_, tasks, results, cur, slot, maxtasks, init, initargs)
-  tasks:_functions()
-  local mark = cur:marker(slot)
-  if init then init(unpack(initargs, 1, initargs.n or #initargs)) end
-  mark(-1)
-  local fns, count = {}, 0
-  while true do
-    local msg = tasks:get()
-    if not msg then return end
-    if msg.reset then fns = {} end
-    if msg.fns then
-      for fid, f in pairs(msg.fns) do fns[fid] = f end
-    end
-    local out = run_message(msg, fns, results, mark)
-    mark(-1)
-    post(results, out)
-    count = count + msg[4]
-    if maxtasks and count >= maxtasks then return end
-  end
 end
 
 ---------------------------------------------------------------------------
@@ -327,7 +208,7 @@ local function new_worker(pool, slot)
   local q = mp.Queue()
   q:_functions()
   pool.cur:set(slot, 0)
-  local ok, ctx = pcall(mp.start_processes, M._worker,
+  local ok, ctx = pcall(mp.start_processes, W.worker,
                         { q, pool.results, pool.cur, slot, pool.maxtasks,
                           pool.initializer, pool.initargs },
                         1, false, false, pool.start_method)

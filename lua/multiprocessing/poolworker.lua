@@ -1,0 +1,132 @@
+--- multiprocessing.poolworker: the body of an mp.Pool worker (pool.lua is
+-- the parent's side, and says what the messages hold).  A module of its
+-- own, so that a fresh worker (spawn, forkserver) loads only this.
+local core = require "multiprocessing.core"
+
+local M = {}
+
+local now = core._now
+local unpack, min = table.unpack, math.min
+local pcall, type = pcall, type
+
+M.MID = 65536              -- a board word is mid * MID + k: k < MID
+local MID = M.MID
+local FLUSH = 0.05         -- a worker posts partial results after this long
+
+local function task_traceback(e)
+  local text = debug.traceback("", 3)
+  -- the frames of the pool's own loop are not the user's
+  text = text:gsub("\n[^\n]*multiprocessing/poolworker%.lua:.*$", "")
+  local msg = (type(e) == "string" or type(e) == "number") and tostring(e)
+  if not msg then
+    local ok, s = pcall(tostring, e)
+    msg = ok and s or ("(error object is a %s value)"):format(type(e))
+  end
+  return { text:sub(2) .. "\n" .. msg, type(e) ~= "string" and e or nil }
+end
+
+-- Posts results; a value that cannot cross becomes that item's error.
+local TO_PARENT = "to the pool's parent"
+local function post(results, out)
+  local ok, err = pcall(results.put, results, out)
+  if ok then return end
+  local k0 = out[2]
+  out.e = out.e or {}
+  for k = k0, out[3] do
+    local v = out[3 + k - k0 + 1]
+    local sendable, why = pcall(core._check_sendable, v, "result", TO_PARENT,
+                                true)
+    if not sendable and not out.e[k] then
+      out[3 + k - k0 + 1] = nil
+      out.e[k] = { "cannot send the task's result: " .. tostring(why) }
+    end
+  end
+  for _, e in pairs(out.e) do
+    if not pcall(core._check_sendable, e[2], "error", TO_PARENT, true) then
+      e[2] = nil
+    end
+  end
+  ok = pcall(results.put, results, out)
+  if not ok then error(err, 0) end
+end
+
+-- Runs the items of one message into 'out', all in one protected call
+-- while they succeed: the error handler records a failure, and the loop
+-- goes on from the next item.  Partial results go out every FLUSH seconds
+-- (the clock is read per item only once items are seen to be slow).
+local function run_message(msg, fns, results, mark)
+  local mid, mode, n = msg[1], msg[3], msg[4]
+  local fn = fns[msg[2]]
+  local base, start = mid * MID, now()
+  local out, k0, k = { mid, 1 }, 1, 0
+  local flushed, stride = start, 1
+  local function body()
+    local mark_, task, msg_, base_ = mark, fn, msg, base
+    while k < n do
+      -- items k+1 .. last; item i's result goes to out[i + off]
+      local last, o, off = min(n, k + stride), out, 4 - k0
+      if mode == 0 then
+        for i = k + 1, last do
+          k = i
+          mark_(base_ + i)
+          o[i + off] = task(msg_[4 + i])
+        end
+      elseif mode == 1 then
+        for i = k + 1, last do
+          k = i
+          mark_(base_ + i)
+          local item = msg_[4 + i]
+          o[i + off] = task(unpack(item, 1, item.n or #item))
+        end
+      else
+        for i = k + 1, last do
+          k = i
+          mark_(base_ + i)
+          local args = msg_[4 + 2 * i]
+          o[i + off] = fns[msg_[3 + 2 * i]](unpack(args, 1, args.n or #args))
+        end
+      end
+      if k < n then
+        -- fast items: look at the clock every 64th; slow ones: every one
+        local t = now()
+        stride = (t - flushed) / (k - k0 + 1) > 1e-3 and 1 or 64
+        if t - flushed >= FLUSH then
+          out[3] = k
+          post(results, out)
+          k0, flushed, out = k + 1, t, { mid, k + 1 }
+        end
+      end
+    end
+  end
+  local function failed(e)
+    out.e = out.e or {}
+    out.e[k] = task_traceback(e)
+  end
+  while k < n do xpcall(body, failed) end
+  out[3], out.d = n, now() - start
+  return out
+end
+
+--- The body of a pool worker (a module function: it crosses by reference).
+function M.worker(_, tasks, results, cur, slot, maxtasks, init, initargs)
+  tasks:_functions()
+  local mark = cur:marker(slot)
+  if init then init(unpack(initargs, 1, initargs.n or #initargs)) end
+  mark(-1)
+  local fns, count = {}, 0
+  while true do
+    local msg = tasks:get()
+    if not msg then return end
+    if msg.reset then fns = {} end
+    if msg.fns then
+      for fid, f in pairs(msg.fns) do fns[fid] = f end
+    end
+    local out = run_message(msg, fns, results, mark)
+    mark(-1)
+    post(results, out)
+    count = count + msg[4]
+    if maxtasks and count >= maxtasks then return end
+  end
+end
+
+return M
