@@ -500,6 +500,7 @@ end
 
 -- A results message from a worker.
 function Pool:_receive(res)
+  if not res then return end   -- the parent's own no-op (see _lost)
   local mid, k0, k1 = res[1], res[2], res[3]
   local rec = self.msgs[mid]
   if not rec or k0 ~= rec.upto + 1 then return end  -- a worker gone since
@@ -613,6 +614,11 @@ end
 -- Worker 'w' has exited: its unfinished items run again elsewhere, the one
 -- it was running fails (or is retried), and a new worker takes its slot.
 function Pool:_lost(w)
+  -- A worker killed while it wrote its results leaves that message half
+  -- written, and the queue's readers wait for its end until some writer
+  -- comes to pad it: the parent writes a no-op message itself (not
+  -- waiting: a full queue has writers enough).
+  pcall(self.results.put, self.results, false, 0)
   self:_drain()
   local code = w.proc.exitcode
   local ok, err = pcall(w.ctx.join, w.ctx, 0)
