@@ -549,6 +549,8 @@ do
   if l then
     print(string.format("    mprun relays %s lines/s", fmtnum(4 * LINES / (l / 1e3))))
   end
+end
+
 section("Issue 13: mp.Pool(4) vs multiprocessing.Pool(4), trivial tasks f(x) = x")
 do
   local rows = {}
