@@ -1,33 +1,50 @@
 /*
-** channel.c -- Queue, SimpleQueue and Pipe connections.
+** channel.c -- Queue, SimpleQueue, JoinableQueue and Pipe connections.
 **
 ** A channel is a sealed memfd holding one ring per direction (a Queue has
-** one, a duplex Pipe two) plus the peer slots, and beside each ring a unix
-** stream socketpair that carries the descriptors of the shared objects
-** inside messages (SCM_RIGHTS, at most 253 per record, MSG_CMSG_CLOEXEC,
-** MSG_CTRUNC -> error).
+** one, a duplex Pipe two) plus the peer slots (sharing.h), and beside each
+** ring a unix stream socketpair that carries the descriptors of the shared
+** objects inside messages (SCM_RIGHTS, at most 253 per record,
+** MSG_CMSG_CLOEXEC, MSG_CTRUNC -> error) and an eventfd for fileno().
 **
 ** Ring: head/tail byte counters, futex words bumped on publish and on
 ** consume, and two robust mutexes: "wlock" held by the one writer of the
 ** current message, "rlock" by the one reader, so the ring itself is
 ** single-producer single-consumer.  A message is a 24-byte header (length,
-** descriptor count, sequence number, flags) and the encoded bytes; one that
-** fits is published at once, a bigger one in chunks.  The descriptor records
-** go out before the message and carry its sequence number, so a reader
-** discards records left behind by a writer that died.  A writer or reader
-** that dies or is interrupted in the middle of a message leaves a "pending"
-** count: the next writer pads the message and marks it aborted, the next
-** reader skips the rest, so nobody deadlocks and no garbage is decoded.
+** descriptor count, sequence number, flags), the encoded bytes and an 8-byte
+** trailer (its sequence number and a magic).  One that fits is copied and
+** published at once; one bigger than the free room streams through in
+** pieces, the header first and alone.  The descriptor records go out before
+** the message and carry its sequence number, so a reader discards records
+** of messages it never sees.
 **
-** Liveness: every process using a channel holds a slot (a robust mutex)
-** while attached.  A wait that cannot progress checks, every MP_SLICE
-** seconds, whether another process that could unblock it is still alive; if
-** none is, it raises an error naming the pid of the last one gone.
+** Giving up in the middle: a writer whose timeout passes (or who is
+** interrupted, or dies) mid-message leaves "wpending", the bytes it still
+** owed.  The next writer pads them with zeros; a reader waiting for them
+** finds the writer's lock free (or its owner dead) and skips them without
+** bytes (head and tail both jump).  Either way the trailer does not match
+** and the reader drops the message: no garbage is decoded, nobody waits.
+** A reader that gives up mid-message leaves "rpending"; the next one skips.
+**
+** Liveness (mp_Peers, sync.c): every process using a channel holds a slot
+** while attached; workers handed it hold proxies until they attach; copies
+** inside messages count as in flight.  A get that cannot progress learns
+** that no other process can ever write again: an untimed one returns nil,
+** "closed" at once, a timed one waits for its deadline and then returns
+** nil, "closed" instead of nil, "timeout".  Never before a process that was
+** handed the channel has attached or died.
+**
+** The last process to close a channel (or the last reader of a pipe's
+** direction) decodes and closes what is left in it, so the shared objects
+** inside (file_system names above all) are given back instead of living
+** until the end of the program; a put that fails does the same with its
+** own encoding.
 **
 ** Timeouts: q:get([timeout]) returns the value (exactly one result) or
-** nil, "timeout"; get_nowait() returns nil, "empty".  q:put(v [, timeout])
-** returns true or nil, "timeout" ("full" for put_nowait).  A received nil is
-** a single nil, so `local v, err = q:get(t)` tells them apart.
+** nil, "timeout" | "closed"; get_nowait() returns nil, "empty".
+** q:put(v [, timeout]) returns true or nil, "timeout" | "closed" ("full"
+** for put_nowait).  A received nil is a single nil, so
+** `local v, err = q:get(t)` tells them apart.
 */
 #include <errno.h>
 #include <fcntl.h>
@@ -35,6 +52,7 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -42,19 +60,22 @@
 #include "codec.h"
 #include "sharing.h"
 
-#define QUEUE_T "multiprocessing.Queue"
-#define CONN_T  "multiprocessing.Connection"
-#define INBOX_T "multiprocessing.Inbox"
+#define QUEUE_T  "multiprocessing.Queue"
+#define JQUEUE_T "multiprocessing.JoinableQueue"
+#define CONN_T   "multiprocessing.Connection"
+#define INBOX_T  "multiprocessing.Inbox"
 
 #define CHAN_MAGIC 0x6d706368u  /* "mpch" */
+#define TRAILER_MAGIC ((uint64_t)0x6d70656eu << 32)  /* "mpen" */
 #define DEFAULT_CAP ((uint64_t)4 << 20)
 #define MIN_CAP ((uint64_t)4096)
 #define MAX_CAP ((uint64_t)1 << 32)
 #define MSG_HDR ((uint64_t)sizeof(MsgHdr))
+#define MSG_END ((uint64_t)sizeof(uint64_t))
 #define F_RAW 1u          /* send_bytes: raw bytes */
 #define F_STR 2u          /* a single Lua string, not encoded */
-#define SPINS 2000
 #define INLINE_BUF 256
+#define MP_SKIPPED (-20)  /* a message whose writer gave up: drop it */
 
 typedef struct MsgHdr {
   uint64_t len;
@@ -77,9 +98,7 @@ typedef struct Ring {
   uint32_t rwait, wwait;  /* sleepers on those */
   int64_t count;          /* messages put and not yet taken */
   uint32_t wseq;          /* sequence number of the last message begun */
-  uint32_t aborted;       /* a message whose writer gave up mid-way */
-  uint32_t naborted;
-  uint32_t pad;
+  uint32_t watched;       /* someone polls the eventfd: writers signal it */
   uint64_t wpending;      /* bytes the current writer still owes */
   uint64_t rpending;      /* bytes the current reader still has to take */
   pthread_mutex_t wlock, rlock;
@@ -91,8 +110,13 @@ typedef struct ChanHdr {
   uint64_t cap;
   int64_t maxsize;        /* Queue: 0 = unbounded (in messages) */
   uint64_t data_off;
-  mp_Peers peers;
+  uint32_t joinable;      /* a JoinableQueue */
+  uint32_t doneseq;       /* futex: bumped when unfinished drops to 0 */
+  uint32_t donewait;
+  uint32_t pad;
+  int64_t unfinished;     /* JoinableQueue: put and not yet task_done */
   Ring ring[2];
+  mp_Peers peers;
 } ChanHdr;
 
 enum { K_QUEUE, K_CONN };
@@ -103,6 +127,7 @@ typedef struct Chan {
   int end;                /* -1 for a queue, 0 or 1 for a connection */
   int rring, wring;       /* -1 when this end cannot read / write */
   int rsock, wsock;       /* descriptor sockets of rring / wring */
+  int revfd, wevfd;       /* eventfds of rring / wring (a queue: one) */
   int slot;               /* our peer slot ... */
   pid_t slotpid;          /* ... in this process */
   char *rbuf;             /* reused for received messages: fresh memory */
@@ -129,15 +154,35 @@ static unsigned char *DATA(Chan *c, int r) {
 
 static uint64_t ld64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
 static uint32_t ld32(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
-
-static void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __asm__ __volatile__("pause");
-#endif
+static int64_t count_of(Chan *c, int r) {
+  return __atomic_load_n(&RG(c, r)->count, __ATOMIC_SEQ_CST);
 }
 
 static const char *chan_what(Chan *c) {
-  return c->kind == K_QUEUE ? "Queue" : "Connection";
+  if (c->kind == K_CONN) return "Connection";
+  return c->seg.base && H(c)->joinable ? "JoinableQueue" : "Queue";
+}
+
+static void closefd(int *fd) {
+  if (*fd >= 0) close(*fd);
+  *fd = -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* the eventfd of a ring, for fileno()                                 */
+
+static void ev_signal(int fd) {
+  uint64_t one = 1;
+  if (fd >= 0 && write(fd, &one, sizeof one) < 0) { /* full: readable */ }
+}
+
+/* A reader took a message: when none is left, the descriptor stops being
+** readable (and is made readable again if one came meanwhile). */
+static void ev_taken(Chan *c, int r) {
+  uint64_t v;
+  if (!ld32(&RG(c, r)->watched) || count_of(c, r) > 0) return;
+  if (read(c->revfd, &v, sizeof v) < 0) { /* already clear */ }
+  if (count_of(c, r) > 0) ev_signal(c->revfd);
 }
 
 /* ------------------------------------------------------------------ */
@@ -152,24 +197,45 @@ static void chan_attach(lua_State *L, Chan *c) {
   c->slotpid = getpid();
 }
 
-static void chan_release(Chan *c) {
-  if (c->seg.base && c->slotpid == getpid() && c->slot >= 0)
-    mp_peers_detach(&H(c)->peers, c->slot);
+static void chan_drain(lua_State *L, Chan *c, int only);
+
+/* Closes this handle; the last user of the channel (or of a pipe's
+** reading end) empties what nobody can read any more first. */
+static void chan_release(lua_State *L, Chan *c) {
+  if (c->seg.base && c->slotpid == getpid() && c->slot >= 0) {
+    mp_Peers *p = &H(c)->peers;
+    mp_peers_detach(p, c->slot);
+    c->slot = -1;
+    if (mp_peers_alive(p, -1, -1) != 1)
+      chan_drain(L, c, -1);                /* nobody else: every ring */
+    else if (c->kind == K_CONN && c->rring >= 0 &&
+             mp_peers_alive(p, -1, 1 - c->end) != 1)
+      chan_drain(L, c, c->rring);          /* nobody else reads this one */
+  }
   c->slot = -1;
   c->slotpid = 0;
   mp_seg_close(&c->seg);
-  if (c->rsock >= 0) close(c->rsock);
-  if (c->wsock >= 0 && c->wsock != c->rsock) close(c->wsock);
-  c->rsock = c->wsock = -1;
+  if (c->wsock != c->rsock) closefd(&c->wsock);
+  closefd(&c->rsock);
+  c->wsock = -1;
+  if (c->wevfd != c->revfd) closefd(&c->wevfd);
+  closefd(&c->revfd);
+  c->wevfd = -1;
   free(c->rbuf);
   c->rbuf = NULL;
   c->rbufcap = 0;
 }
 
-static Chan *tochan(lua_State *L, int idx) {
+static Chan *testchan(lua_State *L, int idx) {
   Chan *c = (Chan *)luaL_testudata(L, idx, QUEUE_T);
+  if (!c) c = (Chan *)luaL_testudata(L, idx, JQUEUE_T);
   if (!c) c = (Chan *)luaL_testudata(L, idx, CONN_T);
-  if (!c) luaL_typeerror(L, idx, "Queue or Connection");
+  return c;
+}
+
+static Chan *tochan(lua_State *L, int idx) {
+  Chan *c = testchan(L, idx);
+  if (!c) mp_typeerror(L, idx, "Queue or Connection");
   return c;
 }
 
@@ -180,22 +246,22 @@ static Chan *checkchan(lua_State *L, int idx) {
   return c;
 }
 
-int mp_channel_attach_value(lua_State *L, int idx) {
-  Chan *c = (Chan *)luaL_testudata(L, idx, QUEUE_T);
-  if (!c) c = (Chan *)luaL_testudata(L, idx, CONN_T);
-  if (!c) return 0;
-  if (c->seg.base) chan_attach(L, c);
-  return 1;
-}
+/* ------------------------------------------------------------------ */
+/* walking values for the channels (and other objects) inside          */
+
+/* Called on every value met; returns 1 when it handled the value (the walk
+** does not look inside it). */
+typedef int (*Visit)(lua_State *L, int idx, void *ud);
 
 /* Visits tables and Lua functions' upvalues once each (the table at 'seen'
 ** records them), down to a depth that no real argument reaches.  The
 ** globals table is not walked: a queue is attached when first used anyway;
 ** walking finds only the ones a worker might never touch. */
-static void attach_walk(lua_State *L, int idx, int seen, int depth) {
+static void walk(lua_State *L, int idx, int seen, int depth, Visit visit,
+                 void *ud) {
   int type = lua_type(L, idx), i;
   idx = lua_absindex(L, idx);
-  if (mp_channel_attach_value(L, idx) || depth > 200) return;
+  if (visit(L, idx, ud) || depth > 200) return;
   if (type != LUA_TTABLE && type != LUA_TFUNCTION) return;
   lua_pushvalue(L, idx);
   if (lua_rawget(L, seen) != LUA_TNIL) {
@@ -206,56 +272,103 @@ static void attach_walk(lua_State *L, int idx, int seen, int depth) {
   lua_pushvalue(L, idx);
   lua_pushboolean(L, 1);
   lua_rawset(L, seen);
-  luaL_checkstack(L, 4, "attaching shared objects");
+  luaL_checkstack(L, 4, "walking shared objects");
   if (type == LUA_TTABLE) {
     lua_pushnil(L);
-    while (lua_next(L, idx)) {
-      attach_walk(L, -2, seen, depth + 1);
-      attach_walk(L, -1, seen, depth + 1);
+    while (lua_next(L, idx)) {                /* ... key value */
+      walk(L, -2, seen, depth + 1, visit, ud);
+      walk(L, -1, seen, depth + 1, visit, ud);
       lua_pop(L, 1);
     }
   } else {
-    for (i = 1; lua_getupvalue(L, idx, i) != NULL; i++) {
-      attach_walk(L, -1, seen, depth + 1);
+    for (i = 1; lua_getupvalue(L, idx, i) != NULL; i++) {  /* ... upvalue */
+      walk(L, -1, seen, depth + 1, visit, ud);
       lua_pop(L, 1);
     }
   }
 }
 
-void mp_sharing_attach(lua_State *L, int idx) {
+static void walk_value(lua_State *L, int idx, Visit visit, void *ud) {
   idx = lua_absindex(L, idx);
-  lua_newtable(L);
+  lua_newtable(L);                            /* ... seen */
   lua_pushglobaltable(L);
   lua_pushboolean(L, 1);
   lua_rawset(L, -3);
-  attach_walk(L, idx, lua_gettop(L), 0);
+  walk(L, idx, lua_gettop(L), 0, visit, ud);
   lua_pop(L, 1);
+}
+
+static int visit_attach(lua_State *L, int idx, void *ud) {
+  Chan *c = testchan(L, idx);
+  (void)ud;
+  if (!c) return 0;
+  if (c->seg.base) chan_attach(L, c);
+  return 1;
+}
+
+void mp_sharing_attach(lua_State *L, int idx) {
+  walk_value(L, idx, visit_attach, NULL);
+}
+
+typedef struct Handed {
+  const mp_Worker *w;
+  int n;
+} Handed;
+
+static int visit_handed(lua_State *L, int idx, void *ud) {
+  const Handed *h = (const Handed *)ud;
+  Chan *c = testchan(L, idx);
+  int i;
+  if (!c) return 0;
+  if (c->seg.base)
+    for (i = 0; i < h->n; i++)
+      if (h->w[i].pid > 0)
+        mp_peers_handed(&H(c)->peers, c->end, h->w[i].pid);
+  return 1;
+}
+
+void mp_sharing_handed(lua_State *L, int idx, const mp_Worker *w, int n) {
+  Handed h;
+  h.w = w;
+  h.n = n;
+  walk_value(L, idx, visit_handed, &h);
 }
 
 /* ------------------------------------------------------------------ */
 /* waiting                                                             */
 
-enum { W_DATA, W_SPACE, W_SLOT };
+enum { W_DATA, W_SPACE, W_SLOT, W_REST, W_DONE };
 
 typedef struct Waiter {
   Chan *c;
   int r;
   int what;
   uint64_t need;          /* W_DATA: bytes available; W_SPACE: free bytes */
-  int check_peers;
-  double lastcheck;
+  int peers;              /* 0: never ask whether the peers are gone;
+                             1: while asleep when untimed, at the deadline
+                             when timed; 2: as soon as known (poll) */
+  int timed;
 } Waiter;
 
+static uint64_t avail(Chan *c, int r) {
+  Ring *g = RG(c, r);
+  return ld64(&g->tail) - ld64(&g->head);
+}
+
+static int abandoned(Chan *c, int r);
+
 static int ready(const Waiter *x) {
-  Ring *g = RG(x->c, x->r);
-  uint64_t used = ld64(&g->tail) - ld64(&g->head);
+  Chan *c = x->c;
   switch (x->what) {
-    case W_DATA: return used >= x->need;
-    case W_SPACE: return H(x->c)->cap - used >= x->need;
-    default: {
-      int64_t m = H(x->c)->maxsize;
-      return m <= 0 || __atomic_load_n(&g->count, __ATOMIC_SEQ_CST) < m;
+    case W_DATA: return avail(c, x->r) >= x->need;
+    case W_SPACE: return H(c)->cap - avail(c, x->r) >= x->need;
+    case W_SLOT: {
+      int64_t m = H(c)->maxsize;
+      return m <= 0 || count_of(c, x->r) < m;
     }
+    case W_REST: return avail(c, x->r) > 0;
+    default:
+      return __atomic_load_n(&H(c)->unfinished, __ATOMIC_SEQ_CST) <= 0;
   }
 }
 
@@ -264,33 +377,49 @@ static int peers_gone(Chan *c) {
          < 0;
 }
 
-/* Returns MP_OK, MP_TIMEOUT, MP_INTERRUPT or MP_PEERGONE. */
-static int wait_for(Waiter *x, mp_Wait *w) {
-  Ring *g = RG(x->c, x->r);
-  uint32_t *word = x->what == W_DATA ? &g->dataseq : &g->spaceseq;
-  uint32_t *waiters = x->what == W_DATA ? &g->rwait : &g->wwait;
-  int spins = 0;
-  for (;;) {
-    uint32_t seq = ld32(word);
-    double sl, now;
-    if (ready(x)) return MP_OK;
-    if (spins < SPINS) {
-      spins++;
-      cpu_relax();
-      continue;
-    }
-    if ((sl = mp_wait_slice(w)) <= 0) return MP_TIMEOUT;
-    __atomic_add_fetch(waiters, 1, __ATOMIC_SEQ_CST);
-    if (!ready(x)) mp_futex_wait(word, seq, sl);
-    __atomic_sub_fetch(waiters, 1, __ATOMIC_SEQ_CST);
-    if (ready(x)) return MP_OK;
-    now = mp_now();
-    if (x->check_peers && now - x->lastcheck >= MP_SLICE) {
-      x->lastcheck = now;
-      if (peers_gone(x->c)) return MP_PEERGONE;
-    }
-    if (mp_wait_interrupted(w)) return MP_INTERRUPT;
+static uint32_t *wait_word(const Waiter *x, uint32_t **waiters) {
+  ChanHdr *h = H(x->c);
+  Ring *g = &h->ring[x->r];
+  switch (x->what) {
+    case W_DATA: case W_REST: *waiters = &g->rwait; return &g->dataseq;
+    case W_DONE: *waiters = &h->donewait; return &h->doneseq;
+    default: *waiters = &g->wwait; return &g->spaceseq;
   }
+}
+
+static int waiter_ready(void *arg) { return ready((const Waiter *)arg); }
+
+/* Peers gone, unless what they did before they went is there: whatever a
+** process wrote is visible once it is seen gone, so ready() is asked
+** after. */
+static int gone(const Waiter *x) {
+  return peers_gone(x->c) && !ready(x);
+}
+
+/* About every MP_SLICE while asleep (the wake-up that ended the sleep may
+** have been the last item of a writer that is gone since). */
+static int waiter_check(void *arg) {
+  Waiter *x = (Waiter *)arg;
+  if (x->what == W_REST && abandoned(x->c, x->r)) return MP_SKIPPED;
+  if (x->peers && (!x->timed || x->peers == 2) && gone(x)) return MP_PEERGONE;
+  return MP_OK;
+}
+
+/* Returns MP_OK, MP_TIMEOUT, MP_INTERRUPT, MP_PEERGONE, or MP_SKIPPED
+** (W_REST: the writer gave up on the message). */
+static int wait_for(Waiter *x, mp_Wait *w) {
+  mp_Waitable on;
+  int st;
+  on.word = wait_word(x, &on.waiters);
+  on.ready = waiter_ready;
+  on.check = waiter_check;
+  on.arg = x;
+  x->timed = w->deadline >= 0;
+  st = mp_wait_for(w, &on);
+  /* a timed wait learns at its deadline whether it could ever end */
+  if (st == MP_TIMEOUT && x->peers && w->deadline > w->started)
+    st = !peers_gone(x->c) ? MP_TIMEOUT : ready(x) ? MP_OK : MP_PEERGONE;
+  return st;
 }
 
 static void waiter_init(Waiter *x, Chan *c, int r, int what, uint64_t need) {
@@ -298,98 +427,157 @@ static void waiter_init(Waiter *x, Chan *c, int r, int what, uint64_t need) {
   x->r = r;
   x->what = what;
   x->need = need;
-  x->check_peers = 1;
-  x->lastcheck = mp_now();
+  x->peers = what != W_DONE;
+  x->timed = 0;
 }
 
 static void wake(uint32_t *word, uint32_t *waiters) {
-  __atomic_add_fetch(word, 1, __ATOMIC_SEQ_CST);
-  if (ld32(waiters)) mp_futex_wake(word, INT_MAX);
+  mp_wake(word, waiters, INT_MAX);
+}
+
+/* Waits for x with the deadline of w suspended: the rest of a message. */
+static int wait_untimed(Waiter *x, mp_Wait *w) {
+  double dl = w->deadline;
+  int st;
+  w->deadline = -1;
+  st = wait_for(x, w);
+  w->deadline = dl;
+  return st;
 }
 
 /* ------------------------------------------------------------------ */
 /* ring copies                                                         */
 
-static void ring_put(Chan *c, int r, const void *src, size_t n) {
-  Ring *g = RG(c, r);
-  uint64_t cap = H(c)->cap, t = g->tail, off = t % cap;
+/* Copies n bytes to the ring at stream position 'at' (not published). */
+static void ring_copy_in(Chan *c, int r, uint64_t at, const void *src,
+                         size_t n) {
+  uint64_t cap = H(c)->cap, off = at % cap;
   unsigned char *d = DATA(c, r);
   size_t first = (size_t)(cap - off) < n ? (size_t)(cap - off) : n;
-  memcpy(d + off, src, first);
-  if (n > first) memcpy(d, (const char *)src + first, n - first);
-  __atomic_store_n(&g->tail, t + n, __ATOMIC_SEQ_CST);
+  if (src) {
+    memcpy(d + off, src, first);
+    if (n > first) memcpy(d, (const char *)src + first, n - first);
+  } else {
+    memset(d + off, 0, first);
+    if (n > first) memset(d, 0, n - first);
+  }
+}
+
+static void publish(Chan *c, int r, uint64_t tail) {
+  Ring *g = RG(c, r);
+  __atomic_store_n(&g->tail, tail, __ATOMIC_SEQ_CST);
   wake(&g->dataseq, &g->rwait);
 }
 
-static void ring_zero(Chan *c, int r, size_t n) {
-  Ring *g = RG(c, r);
-  uint64_t cap = H(c)->cap, t = g->tail, off = t % cap;
-  unsigned char *d = DATA(c, r);
-  size_t first = (size_t)(cap - off) < n ? (size_t)(cap - off) : n;
-  memset(d + off, 0, first);
-  if (n > first) memset(d, 0, n - first);
-  __atomic_store_n(&g->tail, t + n, __ATOMIC_SEQ_CST);
-  wake(&g->dataseq, &g->rwait);
-}
-
-/* dst may be NULL: skip */
-static void ring_get(Chan *c, int r, void *dst, size_t n) {
-  Ring *g = RG(c, r);
-  uint64_t cap = H(c)->cap, h = g->head, off = h % cap;
+/* Copies n bytes from the ring at stream position 'at' (not consumed). */
+static void ring_copy_out(Chan *c, int r, uint64_t at, void *dst, size_t n) {
+  uint64_t cap = H(c)->cap, off = at % cap;
   const unsigned char *d = DATA(c, r);
   size_t first = (size_t)(cap - off) < n ? (size_t)(cap - off) : n;
-  if (dst) {
-    memcpy(dst, d + off, first);
-    if (n > first) memcpy((char *)dst + first, d, n - first);
-  }
-  __atomic_store_n(&g->head, h + n, __ATOMIC_SEQ_CST);
+  memcpy(dst, d + off, first);
+  if (n > first) memcpy((char *)dst + first, d, n - first);
+}
+
+static void consume(Chan *c, int r, size_t n) {
+  Ring *g = RG(c, r);
+  __atomic_store_n(&g->head, g->head + n, __ATOMIC_SEQ_CST);
   wake(&g->spaceseq, &g->wwait);
 }
 
-static uint64_t avail(Chan *c, int r) {
-  Ring *g = RG(c, r);
-  return ld64(&g->tail) - ld64(&g->head);
+/* Takes n bytes from the ring; dst may be NULL: skip. */
+static void ring_get(Chan *c, int r, void *dst, size_t n) {
+  if (dst) ring_copy_out(c, r, RG(c, r)->head, dst, n);
+  consume(c, r, n);
 }
 
 /* ------------------------------------------------------------------ */
 /* writing                                                             */
 
-/* Waits for room and writes n bytes (in chunks when needed); no timeout.
-** Keeps wpending up to date. */
+/* Writes n bytes (src NULL: zeros) as room comes, within the deadline of
+** w; keeps wpending up to date, so that giving up leaves the ring in a
+** state the next writer and the reader both understand. */
 static int write_chunks(Chan *c, int r, const void *src, size_t n,
                         mp_Wait *w) {
   Ring *g = RG(c, r);
   const char *p = (const char *)src;
-  double dl = w->deadline;
-  int st = MP_OK;
   while (n > 0) {
-    uint64_t room = H(c)->cap - avail(c, r);
+    uint64_t room = H(c)->cap - avail(c, r), t = g->tail;
     size_t k;
     if (room == 0) {
       Waiter x;
+      int st;
       waiter_init(&x, c, r, W_SPACE, 1);
-      w->deadline = -1;
-      st = wait_for(&x, w);
-      w->deadline = dl;
-      if (st != MP_OK) return st;
+      if ((st = wait_for(&x, w)) != MP_OK) return st;
       continue;
     }
     k = room < n ? (size_t)room : n;
-    if (p) { ring_put(c, r, p, k); p += k; }
-    else ring_zero(c, r, k);
+    ring_copy_in(c, r, t, p, k);
+    if (p) p += k;
     n -= k;
     g->wpending -= k;
+    publish(c, r, t + k);
   }
   return MP_OK;
 }
 
-/* Called with wlock held: finish what a dead or interrupted writer left. */
+/* With wlock held: pads what a writer that gave up still owed. */
 static int writer_recover(Chan *c, int r, mp_Wait *w) {
   Ring *g = RG(c, r);
   if (g->wpending == 0) return MP_OK;
-  __atomic_store_n(&g->aborted, g->wseq, __ATOMIC_SEQ_CST);
-  __atomic_add_fetch(&g->naborted, 1, __ATOMIC_SEQ_CST);
   return write_chunks(c, r, NULL, (size_t)g->wpending, w);
+}
+
+/* With wlock held, giving up on the message begun at 'start': when no
+** reader has taken any of it, it is taken back whole (1). */
+static int retract(Chan *c, int r, uint64_t start) {
+  Ring *g = RG(c, r);
+  int e = pthread_mutex_trylock(&g->rlock), done = 0;
+  if (e == EOWNERDEAD) pthread_mutex_consistent(&g->rlock);
+  else if (e != 0) return 0;
+  if (ld64(&g->head) == start && g->rpending == 0) {
+    __atomic_store_n(&g->tail, start, __ATOMIC_SEQ_CST);
+    __atomic_sub_fetch(&g->count, 1, __ATOMIC_SEQ_CST);
+    g->wpending = 0;
+    wake(&g->spaceseq, &g->wwait);
+    done = 1;
+  }
+  pthread_mutex_unlock(&g->rlock);
+  return done;
+}
+
+/* With rlock held, mid-message and nothing to read: when the writer of
+** this message gave up (its lock is free, or its owner died), skips what it
+** still owed -- head and tail jump together, no bytes needed.  1 when it
+** did. */
+static int abandoned(Chan *c, int r) {
+  Ring *g = RG(c, r);
+  int e = pthread_mutex_trylock(&g->wlock), done = 0;
+  if (e == EOWNERDEAD) pthread_mutex_consistent(&g->wlock);
+  else if (e != 0) return 0;
+  if (g->wpending > 0 && g->wpending == g->rpending && avail(c, r) == 0) {
+    uint64_t k = g->wpending;
+    g->wpending = 0;
+    g->rpending = 0;
+    __atomic_store_n(&g->head, g->head + k, __ATOMIC_SEQ_CST);
+    publish(c, r, g->tail + k);
+    wake(&g->spaceseq, &g->wwait);
+    done = 1;
+  }
+  pthread_mutex_unlock(&g->wlock);
+  return done;
+}
+
+/* Waits until the socket is ready for 'events', a slice at most. */
+static int sock_wait(Chan *c, int fd, short events, mp_Wait *w, int timed) {
+  struct pollfd pf;
+  double sl = mp_wait_slice(w);
+  if (timed && sl <= 0) return MP_TIMEOUT;
+  pf.fd = fd;
+  pf.events = events;
+  poll(&pf, 1, (int)(sl * 1000) + 1);
+  if (!timed && peers_gone(c)) return MP_PEERGONE;
+  if (mp_wait_interrupted(w)) return MP_INTERRUPT;
+  return MP_OK;
 }
 
 static int send_fds(Chan *c, uint32_t seq, const int *fds, size_t nfds,
@@ -398,16 +586,13 @@ static int send_fds(Chan *c, uint32_t seq, const int *fds, size_t nfds,
     size_t k = nfds > MP_MAXFDS ? MP_MAXFDS : nfds;
     FdRec rec;
     ssize_t s;
+    int st;
     rec.seq = seq;
     rec.count = (uint32_t)k;
     s = mp_sendfds(c->wsock, &rec, sizeof rec, fds, k, MSG_DONTWAIT);
     if (s == -EAGAIN) {
-      struct pollfd pf;
-      pf.fd = c->wsock;
-      pf.events = POLLOUT;
-      poll(&pf, 1, (int)(MP_SLICE * 1000));
-      if (peers_gone(c)) return MP_PEERGONE;
-      if (mp_wait_interrupted(w)) return MP_INTERRUPT;
+      if ((st = sock_wait(c, c->wsock, POLLOUT, w, w->deadline >= 0)) != MP_OK)
+        return st;
       continue;
     }
     if (s == -EPIPE || s == -ECONNRESET) return MP_PEERGONE;
@@ -424,44 +609,48 @@ static int chan_write(Chan *c, const void *data, size_t n, const int *fds,
                       size_t nfds, uint32_t flags, mp_Wait *w) {
   int r = c->wring, st;
   Ring *g = RG(c, r);
+  uint64_t cap = H(c)->cap, total = MSG_HDR + n + MSG_END, end;
   MsgHdr mh;
   Waiter x;
-  uint64_t total = MSG_HDR + n;
   st = mp_mutex_lock(&g->wlock, w);
   if (st == MP_OWNERDEAD) st = MP_OK;
   if (st != MP_OK) return st;
   if ((st = writer_recover(c, r, w)) != MP_OK) goto done;
   waiter_init(&x, c, r, W_SLOT, 0);
   if ((st = wait_for(&x, w)) != MP_OK) goto done;
-  waiter_init(&x, c, r, W_SPACE, total < H(c)->cap ? total : H(c)->cap);
+  /* a put that may not wait writes all of it or nothing */
+  if (total > cap - avail(c, r) && mp_wait_slice(w) <= 0) {
+    st = MP_TIMEOUT;
+    goto done;
+  }
+  /* all at once when it fits, else once the ring is empty, in pieces */
+  waiter_init(&x, c, r, W_SPACE, total < cap ? total : cap);
   if ((st = wait_for(&x, w)) != MP_OK) goto done;
   mh.len = n;
   mh.nfds = (uint32_t)nfds;
   mh.seq = ++g->wseq;
   mh.flags = flags;
   mh.pad = 0;
+  end = TRAILER_MAGIC | mh.seq;
   if (nfds && (st = send_fds(c, mh.seq, fds, nfds, w)) != MP_OK) goto done;
   __atomic_add_fetch(&g->count, 1, __ATOMIC_SEQ_CST);
-  if (total <= H(c)->cap - avail(c, r)) {
+  if (total <= cap - avail(c, r)) {
     /* the common case: one copy, one publication */
-    Ring *gg = g;
-    uint64_t cap = H(c)->cap, t = gg->tail, off = t % cap;
-    unsigned char *d = DATA(c, r);
-    if (off + total <= cap) {
-      memcpy(d + off, &mh, MSG_HDR);
-      memcpy(d + off + MSG_HDR, data, n);
-      __atomic_store_n(&gg->tail, t + total, __ATOMIC_SEQ_CST);
-      wake(&gg->dataseq, &gg->rwait);
-    } else {
-      gg->wpending = total;
-      write_chunks(c, r, &mh, MSG_HDR, w);
-      write_chunks(c, r, data, n, w);
-    }
+    uint64_t t = g->tail;
+    ring_copy_in(c, r, t, &mh, MSG_HDR);
+    ring_copy_in(c, r, t + MSG_HDR, data, n);
+    ring_copy_in(c, r, t + MSG_HDR + n, &end, MSG_END);
+    publish(c, r, t + total);
   } else {
+    uint64_t start = g->tail;
     g->wpending = total;
-    if ((st = write_chunks(c, r, &mh, MSG_HDR, w)) == MP_OK)
-      st = write_chunks(c, r, data, n, w);
+    if ((st = write_chunks(c, r, &mh, MSG_HDR, w)) == MP_OK &&
+        (st = write_chunks(c, r, data, n, w)) == MP_OK)
+      st = write_chunks(c, r, &end, MSG_END, w);
+    if (st != MP_OK && !retract(c, r, start))
+      wake(&g->dataseq, &g->rwait);  /* the reader in it skips the rest */
   }
+  if (st == MP_OK && ld32(&g->watched)) ev_signal(c->wevfd);
 done:
   pthread_mutex_unlock(&g->wlock);
   return st;
@@ -486,21 +675,18 @@ static int inbox_gc(lua_State *L) {
   return 0;
 }
 
-/* Skips n bytes the reader owes, waiting for them (no timeout). */
-static int skip_chunks(Chan *c, int r, size_t n, char *dst, mp_Wait *w) {
+/* Takes n bytes of the current message (dst NULL: skips them), waiting for
+** them without the deadline: the rest of a message comes or is given up. */
+static int read_rest(Chan *c, int r, size_t n, char *dst, mp_Wait *w) {
   Ring *g = RG(c, r);
-  double dl = w->deadline;
-  int st;
   while (n > 0) {
     uint64_t a = avail(c, r);
     size_t k;
     if (a == 0) {
       Waiter x;
-      waiter_init(&x, c, r, W_DATA, 1);
-      w->deadline = -1;
-      st = wait_for(&x, w);
-      w->deadline = dl;
-      if (st != MP_OK) return st;
+      int st;
+      waiter_init(&x, c, r, W_REST, 1);
+      if ((st = wait_untimed(&x, w)) != MP_OK) return st;
       continue;
     }
     k = a < n ? (size_t)a : n;
@@ -516,17 +702,12 @@ static int recv_fds(Chan *c, uint32_t seq, Inbox *in, size_t want,
                     mp_Wait *w) {
   while (in->nfds < want) {
     FdRec rec;
-    int got[MP_MAXFDS];
+    int got[MP_MAXFDS], st;
     size_t ngot = 0, i;
     ssize_t k = mp_recvfds(c->rsock, &rec, sizeof rec, got, MP_MAXFDS, &ngot,
                            MSG_DONTWAIT);
     if (k == -EAGAIN) {
-      struct pollfd pf;
-      pf.fd = c->rsock;
-      pf.events = POLLIN;
-      poll(&pf, 1, (int)(MP_SLICE * 1000));
-      if (peers_gone(c)) return MP_PEERGONE;
-      if (mp_wait_interrupted(w)) return MP_INTERRUPT;
+      if ((st = sock_wait(c, c->rsock, POLLIN, w, 0)) != MP_OK) return st;
       continue;
     }
     if (k == -EPROTO) return EPROTO;
@@ -569,68 +750,173 @@ static char *rbuf_for(Chan *c, Inbox *in, size_t len) {
   return c->rbuf;
 }
 
-/* Reads one message into 'in'.  Returns MP_OK, MP_TIMEOUT, MP_INTERRUPT,
-** MP_PEERGONE, or an errno. */
-static int chan_read(Chan *c, Inbox *in, mp_Wait *w) {
-  int r = c->rring, st;
+/* Reads one message of ring r into 'in', with rlock held; its descriptors
+** come from 'sock' (-1: this end has none; a message with descriptors is
+** then dropped).  Returns MP_OK, MP_TIMEOUT, MP_INTERRUPT, MP_PEERGONE, or
+** an errno. */
+static int read_locked(Chan *c, int r, Inbox *in, mp_Wait *w) {
   Ring *g = RG(c, r);
-  MsgHdr mh;
-  Waiter x;
-  st = mp_mutex_lock(&g->rlock, w);
-  if (st == MP_OWNERDEAD) st = MP_OK;
-  if (st != MP_OK) return st;
   for (;;) {
+    MsgHdr mh;
+    Waiter x;
+    uint64_t end = 0;
+    int st;
     if (g->rpending &&
-        (st = skip_chunks(c, r, (size_t)g->rpending, NULL, w)) != MP_OK)
-      break;
+        (st = read_rest(c, r, (size_t)g->rpending, NULL, w)) != MP_OK &&
+        st != MP_SKIPPED)
+      return st;
     waiter_init(&x, c, r, W_DATA, MSG_HDR);
-    if ((st = wait_for(&x, w)) != MP_OK) break;
+    if ((st = wait_for(&x, w)) != MP_OK) return st;
     __atomic_sub_fetch(&g->count, 1, __ATOMIC_SEQ_CST);
-    ring_get(c, r, &mh, MSG_HDR);   /* wakes a writer waiting on maxsize */
-    g->rpending = mh.len;
+    ring_copy_out(c, r, g->head, &mh, MSG_HDR);
     in->flags = mh.flags;
     in->len = (size_t)mh.len;
-    in->buf = rbuf_for(c, in, (size_t)mh.len);
-    if (mh.nfds) {
-      in->fds = (int *)malloc(sizeof(int) * mh.nfds);
-      if (!in->fds) { st = ENOMEM; break; }
+    in->buf = rbuf_for(c, in, in->len);
+    if (mh.nfds) in->fds = (int *)malloc(sizeof(int) * mh.nfds);
+    if (!in->buf || (mh.nfds && !in->fds)) {
+      g->rpending = mh.len + MSG_END;        /* the next reader skips it */
+      consume(c, r, MSG_HDR);
+      return ENOMEM;
     }
-    if (!in->buf) { st = ENOMEM; break; }
-    /* the rest of a message is not subject to the timeout */
-    if ((st = skip_chunks(c, r, in->len, in->buf, w)) != MP_OK) break;
-    if (mh.nfds && (st = recv_fds(c, mh.seq, in, mh.nfds, w)) != MP_OK) break;
-    if (ld32(&g->naborted) && ld32(&g->aborted) == mh.seq) {
-      /* padding of a message whose writer gave up: drop it */
-      size_t i;
-      for (i = 0; i < in->nfds; i++) close(in->fds[i]);
-      in->nfds = 0;
-      if (in->owned) free(in->buf);
-      in->buf = NULL;
-      free(in->fds);
-      in->fds = NULL;
-      continue;
+    if (avail(c, r) >= MSG_HDR + mh.len + MSG_END) {
+      /* the common case: all of it is there, taken in one go (this also
+      ** wakes a writer waiting on maxsize) */
+      uint64_t h = g->head + MSG_HDR;
+      ring_copy_out(c, r, h, in->buf, in->len);
+      ring_copy_out(c, r, h + mh.len, &end, MSG_END);
+      consume(c, r, MSG_HDR + mh.len + MSG_END);
+    } else {
+      g->rpending = mh.len + MSG_END;
+      consume(c, r, MSG_HDR);
+      if ((st = read_rest(c, r, in->len, in->buf, w)) == MP_OK)
+        st = read_rest(c, r, MSG_END, (char *)&end, w);
     }
-    break;
+    if (st == MP_OK && end == (TRAILER_MAGIC | mh.seq)) {
+      if (mh.nfds && (r != c->rring || c->rsock < 0)) st = MP_SKIPPED;
+      else if (mh.nfds) st = recv_fds(c, mh.seq, in, mh.nfds, w);
+      if (st == MP_OK) return MP_OK;
+    } else if (st == MP_OK) {
+      st = MP_SKIPPED;       /* padding of a message its writer gave up */
+    }
+    if (st != MP_SKIPPED) return st;
+    inbox_clear(in);
   }
+}
+
+static int chan_read(Chan *c, Inbox *in, mp_Wait *w) {
+  Ring *g = RG(c, c->rring);
+  int st = mp_mutex_lock(&g->rlock, w);
+  if (st == MP_OWNERDEAD) st = MP_OK;
+  if (st != MP_OK) return st;
+  st = read_locked(c, c->rring, in, w);
+  if (st == MP_OK) ev_taken(c, c->rring);
   pthread_mutex_unlock(&g->rlock);
   return st;
+}
+
+/* ------------------------------------------------------------------ */
+/* what the last user leaves in a channel                              */
+
+/* Closes every object a dropped message held (tables are walked; functions
+** are module references: not theirs to close). */
+static int visit_close(lua_State *L, int idx, void *ud) {
+  (void)ud;
+  if (lua_type(L, idx) == LUA_TFUNCTION) return 1;
+  if (lua_type(L, idx) != LUA_TUSERDATA) return 0;
+  if (luaL_getmetafield(L, idx, "__close") != LUA_TNIL) {  /* ... close */
+    lua_pushvalue(L, idx);
+    lua_pushnil(L);
+    if (lua_pcall(L, 2, 0, 0) != LUA_OK) lua_pop(L, 1);
+  }
+  return 1;
+}
+
+/* Protected: the Inbox at 1, the codec flags at 2 -> the values. */
+static int decode_k(lua_State *L) {
+  Inbox *in = (Inbox *)lua_touserdata(L, 1);
+  return mp_decode(L, in->buf, in->len, (int)lua_tointeger(L, 2), in->fds,
+                   in->nfds);
+}
+
+/* Protected: the Inbox at 1, the codec flags at 2 -> decodes it and closes
+** what it held. */
+static int drop_k(lua_State *L) {
+  int n = decode_k(L), i, top = lua_gettop(L);
+  for (i = top - n + 1; i <= top; i++) walk_value(L, i, visit_close, NULL);
+  return 0;
+}
+
+/* A put that failed: its encoding took references for its receiver
+** (file_system names, channels in flight); decoding it here and closing
+** what comes out gives them back.  The descriptors are the objects' own:
+** the decoder gets copies. */
+static void unsend(lua_State *L, const Chan *c, const mp_Encoded *enc) {
+  Inbox *in = (Inbox *)lua_newuserdatauv(L, sizeof(Inbox), 0);  /* ... in */
+  size_t i;
+  memset(in, 0, sizeof(Inbox) - INLINE_BUF);
+  luaL_setmetatable(L, INBOX_T);
+  in->buf = (char *)(uintptr_t)enc->data;   /* not owned: not freed */
+  in->len = enc->size;
+  if (enc->nfds && (in->fds = (int *)malloc(enc->nfds * sizeof(int)))) {
+    for (; in->nfds < enc->nfds; in->nfds++)
+      in->fds[in->nfds] = fcntl(enc->fds[in->nfds], F_DUPFD_CLOEXEC, 3);
+  }
+  for (i = 0; i < in->nfds && in->fds[i] >= 0; i++) {}
+  if (i == enc->nfds) {
+    lua_pushcfunction(L, drop_k);
+    lua_pushvalue(L, -2);
+    lua_pushinteger(L, c->codec);                 /* ... in drop in codec */
+    if (lua_pcall(L, 2, 0, 0) != LUA_OK) lua_pop(L, 1);
+  }
+  inbox_clear(in);
+  lua_pop(L, 1);
+}
+
+/* Nobody else will read ring 'only' (-1: any ring) of the channel: decodes
+** what is left in it (file_system arrays give their names back, channels
+** inside leave flight) and closes it.  A message with descriptors needs
+** the ring's socket, which only its reading end has; what stays in a
+** socket nobody else holds goes with it. */
+static void chan_drain(lua_State *L, Chan *c, int only) {
+  int r, top = lua_gettop(L);
+  for (r = 0; r < (int)H(c)->nrings; r++) {
+    Ring *g = RG(c, r);
+    int e;
+    if (only >= 0 && r != only) continue;
+    e = pthread_mutex_trylock(&g->rlock);
+    if (e == EOWNERDEAD) pthread_mutex_consistent(&g->rlock);
+    else if (e != 0) continue;
+    while (count_of(c, r) > 0) {
+      Inbox *in;
+      mp_Wait w;
+      int st;
+      in = (Inbox *)lua_newuserdatauv(L, sizeof(Inbox), 0);  /* ... inbox */
+      memset(in, 0, sizeof(Inbox) - INLINE_BUF);
+      luaL_setmetatable(L, INBOX_T);
+      mp_wait_init(&w, L, 0);
+      st = read_locked(c, r, in, &w);
+      if (st != MP_OK) break;
+      if (!(in->flags & (F_RAW | F_STR))) {
+        lua_pushcfunction(L, drop_k);
+        lua_pushvalue(L, -2);
+        lua_pushinteger(L, c->codec);             /* ... in drop in codec */
+        if (lua_pcall(L, 2, 0, 0) != LUA_OK) lua_pop(L, 1);
+      }
+      inbox_clear(in);
+      lua_pop(L, 1);
+    }
+    pthread_mutex_unlock(&g->rlock);
+  }
+  lua_settop(L, top);
 }
 
 /* ------------------------------------------------------------------ */
 /* Lua side                                                            */
 
 static int raise_status(lua_State *L, Chan *c, int st, const char *op) {
-  int pid = H(c)->peers.lastgone;
   switch (st) {
     case MP_INTERRUPT:
       return luaL_error(L, "%s.%s: interrupted", chan_what(c), op);
-    case MP_PEERGONE:
-      if (c->kind == K_QUEUE)
-        return luaL_error(L, "%s.%s: no other process is using this queue "
-                          "any more (pid %d exited or closed it)",
-                          chan_what(c), op, pid);
-      return luaL_error(L, "%s.%s: the other end of the pipe is closed "
-                        "(pid %d exited or closed it)", chan_what(c), op, pid);
     case EPROTO:
       return luaL_error(L, "%s.%s: descriptors were dropped in transit "
                         "(MSG_CTRUNC: too many open files?)", chan_what(c), op);
@@ -644,6 +930,23 @@ static int raise_status(lua_State *L, Chan *c, int st, const char *op) {
   }
 }
 
+/* nil, why for the expected outcomes; raises for the others. */
+static int push_outcome(lua_State *L, Chan *c, int st, const char *op,
+                        const char *timeout_why) {
+  const char *why = st == MP_TIMEOUT ? timeout_why
+                  : st == MP_PEERGONE ? "closed" : NULL;
+  if (why == NULL) return raise_status(L, c, st, op);
+  lua_pushnil(L);
+  lua_pushstring(L, why);
+  return 2;
+}
+
+static void unfinished_add(Chan *c, int64_t n) {
+  ChanHdr *h = H(c);
+  if (__atomic_add_fetch(&h->unfinished, n, __ATOMIC_SEQ_CST) <= 0)
+    wake(&h->doneseq, &h->donewait);
+}
+
 static int put_impl(lua_State *L, Chan *c, int vidx, double timeout,
                     const char *op, int raw) {
   static const char *const names[] = {"item"};
@@ -654,10 +957,11 @@ static int put_impl(lua_State *L, Chan *c, int vidx, double timeout,
   if (c->wring < 0)
     return luaL_error(L, "%s.%s: this end of the pipe is read-only",
                       chan_what(c), op);
+  if (lua_isnone(L, vidx)) return mp_argerror(L, vidx, "value expected");
   if (raw || lua_type(L, vidx) == LUA_TSTRING) {
     /* strings skip the codec: one copy into the ring */
     if (!raw) flags = F_STR;
-    enc.data = luaL_checklstring(L, vidx, &enc.size);
+    enc.data = mp_checklstring(L, vidx, &enc.size);
     enc.fds = NULL;
     enc.nfds = 0;
   } else {
@@ -665,21 +969,15 @@ static int put_impl(lua_State *L, Chan *c, int vidx, double timeout,
               c->kind == K_QUEUE ? "through a Queue" : "through a Pipe", &enc);
   }
   mp_wait_init(&w, L, timeout);
+  if (H(c)->joinable) unfinished_add(c, 1);
   st = chan_write(c, enc.data, enc.size, enc.fds, enc.nfds, flags, &w);
-  if (st == MP_TIMEOUT) {
-    lua_pushnil(L);
-    lua_pushstring(L, timeout == 0 ? "full" : "timeout");
-    return 2;
+  if (st != MP_OK) {
+    if (H(c)->joinable) unfinished_add(c, -1);
+    if (flags == 0) unsend(L, c, &enc);
+    return push_outcome(L, c, st, op, timeout == 0 ? "full" : "timeout");
   }
-  if (st != MP_OK) return raise_status(L, c, st, op);
   lua_pushboolean(L, 1);
   return 1;
-}
-
-static int decode_k(lua_State *L) {
-  Inbox *in = (Inbox *)lua_touserdata(L, 1);
-  return mp_decode(L, in->buf, in->len, (int)lua_tointeger(L, 2), in->fds,
-                   in->nfds);
 }
 
 static int get_impl(lua_State *L, Chan *c, double timeout, const char *op,
@@ -695,15 +993,9 @@ static int get_impl(lua_State *L, Chan *c, double timeout, const char *op,
   luaL_setmetatable(L, INBOX_T);
   mp_wait_init(&w, L, timeout);
   st = chan_read(c, in, &w);
-  if (st == MP_TIMEOUT) {
-    inbox_clear(in);
-    lua_pushnil(L);
-    lua_pushstring(L, timeout == 0 ? "empty" : "timeout");
-    return 2;
-  }
   if (st != MP_OK) {
     inbox_clear(in);
-    return raise_status(L, c, st, op);
+    return push_outcome(L, c, st, op, timeout == 0 ? "empty" : "timeout");
   }
   if (in->flags & F_STR) {
     lua_pushlstring(L, in->buf, in->len);
@@ -734,20 +1026,18 @@ static int get_impl(lua_State *L, Chan *c, double timeout, const char *op,
   return 1;
 }
 
-/* q:put(v [, timeout]) -> true | nil, "timeout" */
+/* q:put(v [, timeout]) -> true | nil, "timeout" | "closed" */
 static int q_put(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  luaL_checkany(L, 2);
   return put_impl(L, c, 2, mp_opttimeout(L, 3), "put", 0);
 }
 
 static int q_put_nowait(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  luaL_checkany(L, 2);
   return put_impl(L, c, 2, 0, "put_nowait", 0);
 }
 
-/* q:get([timeout]) -> v | nil, "timeout" */
+/* q:get([timeout]) -> v | nil, "timeout" | "closed" */
 static int q_get(lua_State *L) {
   Chan *c = checkchan(L, 1);
   return get_impl(L, c, mp_opttimeout(L, 2), "get", 0);
@@ -760,27 +1050,56 @@ static int q_get_nowait(lua_State *L) {
 
 static int q_qsize(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  int64_t n = __atomic_load_n(&RG(c, 0)->count, __ATOMIC_SEQ_CST);
+  int64_t n = count_of(c, 0);
   lua_pushinteger(L, n < 0 ? 0 : n);
   return 1;
 }
 
 static int q_empty(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  lua_pushboolean(L, __atomic_load_n(&RG(c, 0)->count, __ATOMIC_SEQ_CST) <= 0);
+  lua_pushboolean(L, count_of(c, 0) <= 0);
   return 1;
 }
 
 static int q_full(lua_State *L) {
   Chan *c = checkchan(L, 1);
   int64_t m = H(c)->maxsize;
-  lua_pushboolean(L, m > 0 &&
-                  __atomic_load_n(&RG(c, 0)->count, __ATOMIC_SEQ_CST) >= m);
+  lua_pushboolean(L, m > 0 && count_of(c, 0) >= m);
+  return 1;
+}
+
+/* jq:task_done(): one item taken by get is finished. */
+static int q_task_done(lua_State *L) {
+  Chan *c = checkchan(L, 1);
+  ChanHdr *h = H(c);
+  int64_t n = __atomic_load_n(&h->unfinished, __ATOMIC_SEQ_CST);
+  do {
+    if (n <= 0)
+      return luaL_error(L, "JoinableQueue.task_done: called more times than "
+                        "there were items put");
+  } while (!__atomic_compare_exchange_n(&h->unfinished, &n, n - 1, 0,
+                                        __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+  if (n == 1) wake(&h->doneseq, &h->donewait);
+  return 0;
+}
+
+/* jq:join([timeout]) -> true when every item put is done, false on
+** timeout. */
+static int q_join(lua_State *L) {
+  Chan *c = checkchan(L, 1);
+  mp_Wait w;
+  Waiter x;
+  int st;
+  mp_wait_init(&w, L, mp_opttimeout(L, 2));
+  waiter_init(&x, c, 0, W_DONE, 0);
+  st = wait_for(&x, &w);
+  if (st == MP_INTERRUPT) return raise_status(L, c, st, "join");
+  lua_pushboolean(L, st == MP_OK);
   return 1;
 }
 
 static int c_close(lua_State *L) {
-  chan_release(tochan(L, 1));
+  chan_release(L, tochan(L, 1));
   return 0;
 }
 
@@ -797,10 +1116,26 @@ static int c_closed(lua_State *L) {
   return 1;
 }
 
-/* conn:send(v) -> true */
+/* q:fileno() / conn:fileno() -> a descriptor that is readable when a
+** message may be there: for poll(2), epoll, luv's uv.new_poll, cqueues;
+** then get_nowait / recv(0).  Writers signal it only once someone asked
+** for it, so the put/get path of everyone else pays one load. */
+static int c_fileno(lua_State *L) {
+  Chan *c = checkchan(L, 1);
+  Ring *g;
+  if (c->rring < 0 || c->revfd < 0)
+    return luaL_error(L, "%s.fileno: this end of the pipe is write-only",
+                      chan_what(c));
+  g = RG(c, c->rring);
+  if (!ld32(&g->watched)) __atomic_store_n(&g->watched, 1, __ATOMIC_SEQ_CST);
+  if (count_of(c, c->rring) > 0) ev_signal(c->revfd);
+  lua_pushinteger(L, c->revfd);
+  return 1;
+}
+
+/* conn:send(v) -> true | nil, "closed" */
 static int c_send(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  luaL_checkany(L, 2);
   return put_impl(L, c, 2, -1, "send", 0);
 }
 
@@ -809,7 +1144,7 @@ static int c_send_bytes(lua_State *L) {
   return put_impl(L, c, 2, -1, "send_bytes", 1);
 }
 
-/* conn:recv([timeout]) -> v | nil, "timeout" */
+/* conn:recv([timeout]) -> v | nil, "timeout" | "closed" */
 static int c_recv(lua_State *L) {
   Chan *c = checkchan(L, 1);
   return get_impl(L, c, mp_opttimeout(L, 2), "recv", 0);
@@ -821,7 +1156,8 @@ static int c_recv_bytes(lua_State *L) {
 }
 
 /* conn:poll([timeout = 0]) -> true when recv would not block (a message, or
-** the other end gone so that recv raises), false on timeout. */
+** the other end gone so that recv returns nil, "closed"), false on
+** timeout. */
 static int c_poll(lua_State *L) {
   Chan *c = checkchan(L, 1);
   double t = lua_isnoneornil(L, 2) ? 0 : mp_opttimeout(L, 2);
@@ -833,14 +1169,29 @@ static int c_poll(lua_State *L) {
                       chan_what(c));
   mp_wait_init(&w, L, t);
   waiter_init(&x, c, c->rring, W_DATA, 1);
+  x.peers = 2;
   st = wait_for(&x, &w);
+  if (st == MP_TIMEOUT && t == 0 && peers_gone(c)) st = MP_PEERGONE;
   if (st == MP_INTERRUPT) return raise_status(L, c, st, "poll");
   lua_pushboolean(L, st == MP_OK || st == MP_PEERGONE);
   return 1;
 }
 
+/* conn.readable, conn.writable: which ways this end goes. */
+static int conn_index(lua_State *L) {
+  Chan *c = tochan(L, 1);
+  const char *k = lua_tostring(L, 2);
+  if (k && strcmp(k, "readable") == 0)
+    lua_pushboolean(L, c->rring >= 0);
+  else if (k && strcmp(k, "writable") == 0)
+    lua_pushboolean(L, c->wring >= 0);
+  else
+    mp_push_method(L);
+  return 1;
+}
+
 static int c_gc(lua_State *L) {
-  chan_release(tochan(L, 1));
+  chan_release(L, tochan(L, 1));
   return 0;
 }
 
@@ -849,7 +1200,8 @@ static int c_tostring(lua_State *L) {
   if (!c->seg.base)
     lua_pushfstring(L, "multiprocessing.%s (closed)", chan_what(c));
   else if (c->kind == K_QUEUE)
-    lua_pushfstring(L, "multiprocessing.Queue (%p)", (void *)c->seg.base);
+    lua_pushfstring(L, "multiprocessing.%s (%p)", chan_what(c),
+                    (void *)c->seg.base);
   else
     lua_pushfstring(L, "multiprocessing.Connection (%p, %s)",
                     (void *)c->seg.base,
@@ -861,16 +1213,16 @@ static int c_tostring(lua_State *L) {
 /* ------------------------------------------------------------------ */
 /* creation                                                            */
 
-static Chan *newchan(lua_State *L, int kind) {
+static Chan *newchan(lua_State *L, int kind, int joinable) {
   Chan *c = (Chan *)lua_newuserdatauv(L, sizeof(Chan), 0);
   memset(c, 0, sizeof *c);
   c->seg.fd = -1;
-  c->rsock = c->wsock = -1;
+  c->rsock = c->wsock = c->revfd = c->wevfd = -1;
   c->slot = -1;
   c->rring = c->wring = -1;
   c->kind = kind;
   c->end = -1;
-  luaL_setmetatable(L, kind == K_QUEUE ? QUEUE_T : CONN_T);
+  luaL_setmetatable(L, kind == K_CONN ? CONN_T : joinable ? JQUEUE_T : QUEUE_T);
   return c;
 }
 
@@ -912,39 +1264,58 @@ static void make_socks(lua_State *L, int sv[2]) {
   shutdown(sv[1], SHUT_WR);
 }
 
+static int make_eventfd(lua_State *L) {
+  int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (fd < 0) {
+    mp_push_errno(L, "eventfd", errno);
+    lua_error(L);
+  }
+  return fd;
+}
+
 static uint64_t opt_capacity(lua_State *L, int idx) {
   uint64_t cap = DEFAULT_CAP;
   if (lua_isnoneornil(L, idx)) return cap;
-  luaL_checktype(L, idx, LUA_TTABLE);
+  mp_checktype(L, idx, LUA_TTABLE);
   if (lua_getfield(L, idx, "capacity") != LUA_TNIL) {
-    lua_Integer k = luaL_checkinteger(L, -1);
-    luaL_argcheck(L, k >= (lua_Integer)MIN_CAP && (uint64_t)k <= MAX_CAP, idx,
-                  "capacity out of range (4096 .. 2^32 bytes)");
+    lua_Integer k = lua_tointeger(L, -1);
+    if (!lua_isinteger(L, -1) || k < (lua_Integer)MIN_CAP ||
+        (uint64_t)k > MAX_CAP)
+      mp_argerror(L, idx, "capacity must be an integer number of bytes "
+                  "from 4096 to 2^32");
     cap = (uint64_t)k;
   }
   lua_pop(L, 1);
   return cap;
 }
 
-/* mp.Queue([maxsize [, {capacity = bytes}]]) */
-static int new_queue(lua_State *L) {
-  lua_Integer maxsize = luaL_optinteger(L, 1, 0);
+/* fn(maxsize [, {capacity = bytes}]) for Queue and JoinableQueue */
+static int make_queue(lua_State *L, int joinable) {
+  lua_Integer maxsize = mp_optinteger(L, 1, 0);
   uint64_t cap = opt_capacity(L, 2);
   Chan *c;
   int sv[2];
-  c = newchan(L, K_QUEUE);
+  c = newchan(L, K_QUEUE, joinable);
   init_header(L, c, cap, 1, maxsize > 0 ? maxsize : 0);
+  H(c)->joinable = (uint32_t)joinable;
   make_socks(L, sv);
   c->wsock = sv[0];
   c->rsock = sv[1];
+  c->revfd = c->wevfd = make_eventfd(L);
   c->rring = c->wring = 0;
   chan_attach(L, c);
   return 1;
 }
 
+/* mp.Queue([maxsize [, {capacity = bytes}]]) */
+static int new_queue(lua_State *L) { return make_queue(L, 0); }
+
+/* mp.JoinableQueue([maxsize [, {capacity = bytes}]]) */
+static int new_joinable_queue(lua_State *L) { return make_queue(L, 1); }
+
 static int new_simple_queue(lua_State *L) {
   lua_settop(L, 0);
-  return new_queue(L);
+  return make_queue(L, 0);
 }
 
 static int dupfd(lua_State *L, int fd) {
@@ -963,9 +1334,9 @@ static int new_pipe(lua_State *L) {
   uint64_t cap = opt_capacity(L, 2);
   int nr = duplex ? 2 : 1, s0[2], s1[2] = {-1, -1};
   Chan *a, *b;
-  a = newchan(L, K_CONN);
+  a = newchan(L, K_CONN, 0);
   init_header(L, a, cap, nr, 0);
-  b = newchan(L, K_CONN);
+  b = newchan(L, K_CONN, 0);
   if (mp_seg_from_fd(L, &b->seg, dupfd(L, a->seg.fd), a->seg.size, 1) != 0)
     lua_error(L);
   make_socks(L, s0);
@@ -973,14 +1344,18 @@ static int new_pipe(lua_State *L) {
   b->end = 1;
   a->rring = 0;
   a->rsock = s0[1];
+  a->revfd = make_eventfd(L);
   b->wring = 0;
   b->wsock = s0[0];
+  b->wevfd = dupfd(L, a->revfd);
   if (duplex) {
     make_socks(L, s1);
     b->rring = 1;
     b->rsock = s1[1];
+    b->revfd = make_eventfd(L);
     a->wring = 1;
     a->wsock = s1[0];
+    a->wevfd = dupfd(L, b->revfd);
   }
   chan_attach(L, a);
   chan_attach(L, b);
@@ -992,10 +1367,13 @@ static int new_pipe(lua_State *L) {
 
 typedef struct Wire {
   unsigned char kind, end, rring, wring;   /* 255 = -1 */
-  uint32_t pad;
+  uint32_t sent;          /* 1: in flight until decoded (not a broadcast) */
   uint64_t size;
 } Wire;
 
+/* A copy sent to another process is in flight until it is decoded; a
+** broadcast (a fresh worker's fn and args) is covered by the proxies the
+** parent registers instead (mp_sharing_handed). */
 static void chan_encode(lua_State *L, int idx, mp_Writer *wr) {
   Chan *c = tochan(L, idx);
   Wire wi;
@@ -1005,11 +1383,19 @@ static void chan_encode(lua_State *L, int idx, mp_Writer *wr) {
   wi.end = (unsigned char)c->end;
   wi.rring = (unsigned char)c->rring;
   wi.wring = (unsigned char)c->wring;
+  wi.sent = (mp_write_flags(wr) & MP_CODEC_BROADCAST) ? 0 : 1;
   wi.size = c->seg.size;
   mp_write_bytes(L, wr, &wi, sizeof wi);
   mp_write_fd(L, wr, c->seg.fd);
-  if (c->rring >= 0) mp_write_fd(L, wr, c->rsock);
-  if (c->wring >= 0) mp_write_fd(L, wr, c->wsock);
+  if (c->rring >= 0) {
+    mp_write_fd(L, wr, c->rsock);
+    mp_write_fd(L, wr, c->revfd);
+  }
+  if (c->wring >= 0) {
+    mp_write_fd(L, wr, c->wsock);
+    if (c->kind == K_CONN) mp_write_fd(L, wr, c->wevfd);
+  }
+  if (wi.sent) mp_peers_inflight(&H(c)->peers, c->end, 1);
 }
 
 static int sign(unsigned char v) { return v == 255 ? -1 : (int)v; }
@@ -1017,61 +1403,86 @@ static int sign(unsigned char v) { return v == 255 ? -1 : (int)v; }
 static void chan_decode(lua_State *L, mp_Reader *rd) {
   Wire wi;
   Chan *c;
-  int fd;
+  int fd, joinable;
   uint64_t off;
   memcpy(&wi, mp_read_bytes(L, rd, sizeof wi), sizeof wi);
   if (wi.kind > K_CONN || sign(wi.rring) > 1 || sign(wi.wring) > 1 ||
-      sign(wi.end) > 1 || wi.size > ((uint64_t)1 << 34))
+      sign(wi.end) > 1 || wi.sent > 1 || wi.size > ((uint64_t)1 << 34))
     luaL_error(L, "bad Queue/Connection encoding");
   fd = mp_read_fd(L, rd);
-  c = newchan(L, wi.kind);
+  c = newchan(L, wi.kind, 0);
   if (mp_seg_from_fd(L, &c->seg, fd, (size_t)wi.size, 1) != 0) lua_error(L);
   if (H(c)->magic != CHAN_MAGIC || H(c)->nrings < 1 || H(c)->nrings > 2 ||
       chan_size(H(c)->cap, (int)H(c)->nrings, &off) != wi.size ||
       off != H(c)->data_off || sign(wi.rring) >= (int)H(c)->nrings ||
-      sign(wi.wring) >= (int)H(c)->nrings)
+      sign(wi.wring) >= (int)H(c)->nrings ||
+      (wi.kind == K_CONN) != (sign(wi.end) >= 0))
     luaL_error(L, "received shared memory is not a Queue/Connection");
+  joinable = wi.kind == K_QUEUE && H(c)->joinable;
+  if (joinable) luaL_setmetatable(L, JQUEUE_T);
   c->end = sign(wi.end);
   c->rring = sign(wi.rring);
   c->wring = sign(wi.wring);
-  if (c->rring >= 0) c->rsock = mp_read_fd(L, rd);
-  if (c->wring >= 0) c->wsock = mp_read_fd(L, rd);
+  if (c->rring >= 0) {
+    c->rsock = mp_read_fd(L, rd);
+    c->revfd = mp_read_fd(L, rd);
+  }
+  if (c->wring >= 0) {
+    c->wsock = mp_read_fd(L, rd);
+    c->wevfd = c->kind == K_CONN ? mp_read_fd(L, rd) : c->revfd;
+  }
   chan_attach(L, c);
+  if (wi.sent) mp_peers_inflight(&H(c)->peers, c->end, -1);
 }
 
 static const mp_CodecType queue_codec = {QUEUE_T, chan_encode, chan_decode};
+static const mp_CodecType jqueue_codec = {JQUEUE_T, chan_encode, chan_decode};
 static const mp_CodecType conn_codec = {CONN_T, chan_encode, chan_decode};
 
 /* ------------------------------------------------------------------ */
 
+#define QUEUE_METHODS \
+  {"put", q_put}, {"get", q_get}, {"put_nowait", q_put_nowait}, \
+  {"get_nowait", q_get_nowait}, {"qsize", q_qsize}, {"empty", q_empty}, \
+  {"full", q_full}, {"fileno", c_fileno}, {"close", c_close}, \
+  {"closed", c_closed}
+
 static const luaL_Reg queue_methods[] = {
-  {"put", q_put}, {"get", q_get}, {"put_nowait", q_put_nowait},
-  {"get_nowait", q_get_nowait}, {"qsize", q_qsize}, {"empty", q_empty},
-  {"full", q_full}, {"close", c_close}, {"closed", c_closed},
-  {"_functions", q_functions}, {NULL, NULL}
+  QUEUE_METHODS, {"_functions", q_functions}, {NULL, NULL}
+};
+
+static const luaL_Reg jqueue_methods[] = {
+  QUEUE_METHODS, {"task_done", q_task_done}, {"join", q_join}, {NULL, NULL}
 };
 
 static const luaL_Reg conn_methods[] = {
   {"send", c_send}, {"recv", c_recv}, {"send_bytes", c_send_bytes},
-  {"recv_bytes", c_recv_bytes}, {"poll", c_poll}, {"close", c_close},
-  {"closed", c_closed}, {NULL, NULL}
+  {"recv_bytes", c_recv_bytes}, {"poll", c_poll}, {"fileno", c_fileno},
+  {"close", c_close}, {"closed", c_closed}, {NULL, NULL}
 };
 
 static const luaL_Reg channel_meta[] = {
   {"__gc", c_gc}, {"__close", c_gc}, {"__tostring", c_tostring}, {NULL, NULL}
 };
 
+static const luaL_Reg conn_meta[] = {
+  {"__gc", c_gc}, {"__close", c_gc}, {"__tostring", c_tostring},
+  {"__index", conn_index}, {NULL, NULL}
+};
+
 void mp_open_channel(lua_State *L) {
   static const luaL_Reg funcs[] = {
     {"Queue", new_queue}, {"SimpleQueue", new_simple_queue},
-    {"Pipe", new_pipe}, {NULL, NULL}
+    {"JoinableQueue", new_joinable_queue}, {"Pipe", new_pipe}, {NULL, NULL}
   };
   static const luaL_Reg inbox_meta[] = {{"__gc", inbox_gc}, {NULL, NULL}};
   mp_new_class(L, QUEUE_T, channel_meta, queue_methods);
-  mp_new_class(L, CONN_T, channel_meta, conn_methods);
+  mp_new_class(L, JQUEUE_T, channel_meta, jqueue_methods);
+  mp_new_class(L, CONN_T, conn_meta, conn_methods);
   mp_new_class(L, INBOX_T, inbox_meta, NULL);
-  lua_pop(L, 3);
+  lua_pop(L, 4);
   mp_codec_register(L, &queue_codec);
+  mp_codec_register(L, &jqueue_codec);
   mp_codec_register(L, &conn_codec);
   luaL_setfuncs(L, funcs, 0);
 }

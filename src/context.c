@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "mp.h"
+#include "sharing.h"
 
 #define MAX_PROCS 65536
 #define CONTEXTS_KEY "multiprocessing.contexts"
@@ -203,6 +204,8 @@ static int start(lua_State *L, const mp_StartMethod *method, int nprocs,
                       method->name, started, lua_tostring(L, -1));
   }
   mp_reports_started(&ctx->reports);  /* the workers hold their end */
+  mp_sharing_handed(L, 1, ctx->workers, ctx->started);  /* sharing.h */
+  mp_sharing_handed(L, 2, ctx->workers, ctx->started);
   lua_settop(L, ctxidx);
   if (!join) return 1;
   mp_join(L, ctxidx, -1, MP_DEFAULT_GRACE, 0);

@@ -9,7 +9,7 @@
 **              Condition
 **   nested.c   a Lua value inside a userdata's encoding
 **   array.c    Array and Value
-**   channel.c  Queue, SimpleQueue, Pipe connections
+**   channel.c  Queue, SimpleQueue, JoinableQueue, Pipe connections
 */
 #ifndef mp_sharing_h
 #define mp_sharing_h
@@ -181,29 +181,51 @@ int  mp_mutex_init(pthread_mutex_t *m, int recursive);
 int  mp_mutex_lock(pthread_mutex_t *m, mp_Wait *w);
 
 /* --- sync.c: peer slots, and the synchronisation objects --- */
-/* peer slots: one robust mutex per attached process, held while attached;
-** a dead process's slot reads as dead (EOWNERDEAD) instead of busy. */
-#define MP_NSLOTS 64
+/* peer slots: who may still use a channel.  A process attached to it holds
+** a slot's robust mutex, so a dead one reads as dead (EOWNERDEAD) instead of
+** busy.  A process that was handed the channel and has not attached yet is
+** counted too, so that it is never taken for gone:
+**   - a worker started with it in fn or args holds a proxy slot (its pid
+**     and start time, registered by the parent right after the start) until
+**     it attaches or dies;
+**   - a channel inside a message (a queue, a pipe, a result) is "in flight"
+**     from its encoding until its decoding.
+** A process that detaches leaves a mark (its pid and start time), so that a
+** proxy registered late does not count it as a user until it exits.  The
+** table is big (MP_NSLOTS) and scanned up to the highest slot used. */
+#define MP_NSLOTS 4096
+enum { MP_SLOT_FREE, MP_SLOT_BUSY, MP_SLOT_ATTACHED, MP_SLOT_PROXY,
+       MP_SLOT_LEFT };
 typedef struct mp_Slot {
-  uint32_t state;          /* 0 free, 1 busy (changing), 2 attached */
+  uint32_t state;          /* MP_SLOT_* */
   int32_t pid;
   int32_t end;             /* which end of a pipe, -1 for a queue */
   uint32_t pad;
-  pthread_mutex_t m;
+  uint64_t born;           /* the process's start time (pid reuse) */
+  pthread_mutex_t m;       /* attached: held by the process */
 } mp_Slot;
 
 typedef struct mp_Peers {
-  uint32_t attaches;       /* how many attaches ever happened */
+  uint32_t attaches;       /* attaches and hand-outs that ever happened */
   int32_t lastgone;        /* pid of the last process found gone */
+  uint32_t used;           /* slots 0..used-1 were ever taken */
+  uint32_t pad;
+  int64_t inflight[3];     /* encoded, not yet decoded: per end + 1 */
   mp_Slot slot[MP_NSLOTS];
 } mp_Peers;
 
-/* Returns the slot index, or -1 when all are taken. */
+/* Returns the slot index, or -1 when all are taken.  Takes over the proxy
+** this process was given, if any. */
 int  mp_peers_attach(mp_Peers *p, int end);
 void mp_peers_detach(mp_Peers *p, int slot);
-/* Is any process other than slot 'self' attached (with end != 'notend'
-** when notend >= 0) still alive?  Returns 1 alive, 0 when no other was
-** ever attached, -1 when all others are gone. */
+/* Registers a proxy for the process 'pid' that was handed end 'end' (0, or
+** -1 when every slot is taken: it is then counted as in flight for ever). */
+int  mp_peers_handed(mp_Peers *p, int end, pid_t pid);
+/* An encoding of end 'end' left (+1) or arrived (-1). */
+void mp_peers_inflight(mp_Peers *p, int end, int delta);
+/* Is any process other than slot 'self' (with end != 'notend' when
+** notend >= 0) attached, about to attach, or in flight?  Returns 1 alive,
+** 0 when no other ever was, -1 when all others are gone. */
 int  mp_peers_alive(mp_Peers *p, int self, int notend);
 
 /* --- sync.c: the lock of a synchronised Value or Array --- */
@@ -229,7 +251,12 @@ void mp_lock_read(lua_State *L, struct mp_Reader *r);
 ** dies without touching an inherited channel still counts as its user.  A
 ** worker calls it on fn and args before running fn. */
 void mp_sharing_attach(lua_State *L, int idx);
-int  mp_channel_attach_value(lua_State *L, int idx);  /* 1 when handled */
+/* In the parent, once the 'n' workers 'w' have started with the value at
+** idx in their fn or args: each channel in it gets a proxy slot per worker
+** (see mp_Peers), so nobody takes it for closed before they attach. */
+struct mp_Worker;
+void mp_sharing_handed(lua_State *L, int idx, const struct mp_Worker *w,
+                       int n);
 
 /* nested.c: a value inside a userdata's encoding (a Barrier's action).  mp_write_value pops the value at the top and writes
 ** it as part of the userdata at 'owner' ('what' names it in errors; met

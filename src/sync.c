@@ -28,9 +28,11 @@
 **     fills it runs the action, then lets the others drain.
 */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -41,68 +43,199 @@
 /* ------------------------------------------------------------------ */
 /* peer slots                                                          */
 
-int mp_peers_attach(mp_Peers *p, int end) {
-  int i;
-  for (i = 0; i < MP_NSLOTS; i++) {
-    mp_Slot *s = &p->slot[i];
-    uint32_t zero = 0;
-    if (__atomic_compare_exchange_n(&s->state, &zero, 1, 0, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_RELAXED)) {
-      if (mp_mutex_init(&s->m, 0) != 0 || pthread_mutex_lock(&s->m) != 0) {
-        __atomic_store_n(&s->state, 0, __ATOMIC_RELEASE);
-        return -1;
-      }
-      s->pid = (int32_t)getpid();
-      s->end = end;
-      __atomic_add_fetch(&p->attaches, 1, __ATOMIC_ACQ_REL);
-      __atomic_store_n(&s->state, 2, __ATOMIC_RELEASE);
+/* The start time of 'pid' (field 22 of /proc/PID/stat), or 0 when it is
+** gone or a zombie: a proxy is alive while its process runs, and a pid
+** reused by another process has another start time. */
+static uint64_t proc_born(pid_t pid) {
+  char path[32], buf[512], *p;
+  unsigned long long born = 0;
+  int fd, i;
+  ssize_t n;
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) return 0;
+  n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = '\0';
+  if ((p = strrchr(buf, ')')) == NULL || p[1] != ' ') return 0;
+  p += 2;                                   /* field 3, the state */
+  if (*p == 'Z' || *p == 'X' || *p == 'x') return 0;
+  for (i = 3; i < 22 && p; i++) {           /* on to field 22 */
+    p = strchr(p, ' ');
+    if (p) p++;
+  }
+  if (p == NULL || sscanf(p, "%llu", &born) != 1) return 0;
+  return born ? (uint64_t)born : 1;
+}
+
+static uint32_t used_slots(mp_Peers *p) {
+  uint32_t n = __atomic_load_n(&p->used, __ATOMIC_ACQUIRE);
+  return n > MP_NSLOTS ? MP_NSLOTS : n;
+}
+
+/* Moves slot s from state 'from' to BUSY; 1 when it did. */
+static int claim(mp_Slot *s, uint32_t from) {
+  return __atomic_compare_exchange_n(&s->state, &from, MP_SLOT_BUSY, 0,
+                                     __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+}
+
+/* Takes a free slot (BUSY on return), or -1.  When none is free, the marks
+** of processes that have died since they left are freed first. */
+static int take_slot(mp_Peers *p) {
+  int i, pass;
+  for (pass = 0; pass < 2; pass++) {
+    for (i = 0; i < MP_NSLOTS; i++) {
+      mp_Slot *s = &p->slot[i];
+      uint32_t used;
+      if (pass == 1 && __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) ==
+                           MP_SLOT_LEFT && proc_born(s->pid) != s->born &&
+          claim(s, MP_SLOT_LEFT))
+        __atomic_store_n(&s->state, MP_SLOT_FREE, __ATOMIC_RELEASE);
+      if (!claim(s, MP_SLOT_FREE)) continue;
+      used = __atomic_load_n(&p->used, __ATOMIC_ACQUIRE);
+      while (used < (uint32_t)i + 1 &&
+             !__atomic_compare_exchange_n(&p->used, &used, (uint32_t)i + 1, 0,
+                                          __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        ;
       return i;
     }
   }
   return -1;
 }
 
+/* A slot of process (pid, born) for 'end' in one of the states in 'mask'
+** (1 << state), or -1. */
+static int find_slot(mp_Peers *p, int end, pid_t pid, uint64_t born,
+                     unsigned mask) {
+  uint32_t i, n = used_slots(p);
+  for (i = 0; i < n; i++) {
+    mp_Slot *s = &p->slot[i];
+    uint32_t state = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE);
+    if ((mask & (1u << state)) && s->pid == (int32_t)pid && s->end == end &&
+        s->born == born)
+      return (int)i;
+  }
+  return -1;
+}
+
+int mp_peers_attach(mp_Peers *p, int end) {
+  pid_t self = getpid();
+  uint64_t born = proc_born(self);
+  int i = find_slot(p, end, self, born, 1u << MP_SLOT_PROXY);
+  mp_Slot *s;
+  if (i < 0 || !claim(&p->slot[i], MP_SLOT_PROXY)) {   /* our proxy, or */
+    if ((i = take_slot(p)) < 0) return -1;              /* a new slot */
+    __atomic_add_fetch(&p->attaches, 1, __ATOMIC_ACQ_REL);
+  }
+  s = &p->slot[i];
+  if (mp_mutex_init(&s->m, 0) != 0 || pthread_mutex_lock(&s->m) != 0) {
+    __atomic_store_n(&s->state, MP_SLOT_FREE, __ATOMIC_RELEASE);
+    return -1;
+  }
+  s->pid = (int32_t)self;
+  s->end = end;
+  s->born = born;
+  __atomic_store_n(&s->state, MP_SLOT_ATTACHED, __ATOMIC_RELEASE);
+  return i;
+}
+
+/* The slot stays as a mark that this process has left (one per process
+** and end): a proxy registered for it afterwards would count it as a user
+** until it exits.  A proxy registered before it attached goes now. */
 void mp_peers_detach(mp_Peers *p, int slot) {
   mp_Slot *s;
+  int i;
+  uint32_t after = MP_SLOT_LEFT;
   if (slot < 0 || slot >= MP_NSLOTS) return;
   s = &p->slot[slot];
-  __atomic_store_n(&s->state, 1, __ATOMIC_RELEASE);
+  __atomic_store_n(&s->state, MP_SLOT_BUSY, __ATOMIC_RELEASE);
   __atomic_store_n(&p->lastgone, s->pid, __ATOMIC_RELAXED);
   pthread_mutex_unlock(&s->m);
-  __atomic_store_n(&s->state, 0, __ATOMIC_RELEASE);
+  while ((i = find_slot(p, s->end, s->pid, s->born,
+                        1u << MP_SLOT_PROXY)) >= 0)
+    if (claim(&p->slot[i], MP_SLOT_PROXY))
+      __atomic_store_n(&p->slot[i].state, MP_SLOT_FREE, __ATOMIC_RELEASE);
+  if (find_slot(p, s->end, s->pid, s->born, 1u << MP_SLOT_LEFT) >= 0)
+    after = MP_SLOT_FREE;
+  __atomic_store_n(&s->state, after, __ATOMIC_RELEASE);
+}
+
+int mp_peers_handed(mp_Peers *p, int end, pid_t pid) {
+  uint64_t born = proc_born(pid);
+  int i;
+  if (born == 0) return 0;              /* already gone: nothing to wait for */
+  if (find_slot(p, end, pid, born, (1u << MP_SLOT_ATTACHED) |
+                (1u << MP_SLOT_PROXY) | (1u << MP_SLOT_LEFT)) >= 0)
+    return 0;                           /* it attached (and left) already */
+  if ((i = take_slot(p)) < 0) {
+    mp_peers_inflight(p, end, 1);       /* never taken for gone */
+    return -1;
+  }
+  p->slot[i].pid = (int32_t)pid;
+  p->slot[i].end = end;
+  p->slot[i].born = born;
+  __atomic_add_fetch(&p->attaches, 1, __ATOMIC_ACQ_REL);
+  __atomic_store_n(&p->slot[i].state, MP_SLOT_PROXY, __ATOMIC_RELEASE);
+  return 0;
+}
+
+void mp_peers_inflight(mp_Peers *p, int end, int delta) {
+  int k = end < 0 ? 0 : end > 1 ? 2 : end + 1;
+  if (delta > 0) __atomic_add_fetch(&p->attaches, 1, __ATOMIC_ACQ_REL);
+  __atomic_add_fetch(&p->inflight[k], delta, __ATOMIC_ACQ_REL);
+}
+
+/* Frees slot s, found gone, from state 'from'. */
+static void reclaim(mp_Peers *p, mp_Slot *s, uint32_t from, int unlock) {
+  if (claim(s, from)) {
+    __atomic_store_n(&p->lastgone, s->pid, __ATOMIC_RELAXED);
+    if (unlock) pthread_mutex_unlock(&s->m);
+    __atomic_store_n(&s->state, MP_SLOT_FREE, __ATOMIC_RELEASE);
+  } else if (unlock) {
+    pthread_mutex_unlock(&s->m);
+  }
+}
+
+/* 1 when the slot's process is alive (reclaiming it when it is not). */
+static int slot_alive(mp_Peers *p, mp_Slot *s, uint32_t state) {
+  int e;
+  if (state == MP_SLOT_PROXY) {
+    if (proc_born(s->pid) == s->born) return 1;
+    reclaim(p, s, MP_SLOT_PROXY, 0);
+    return 0;
+  }
+  e = pthread_mutex_trylock(&s->m);
+  if (e == EBUSY || e == EDEADLK) return 1;   /* EDEADLK: ours */
+  if (e == EOWNERDEAD || e == 0) {
+    /* the owner died holding its slot: take the slot back */
+    if (e == EOWNERDEAD) pthread_mutex_consistent(&s->m);
+    reclaim(p, s, MP_SLOT_ATTACHED, 1);
+  }
+  return 0;
 }
 
 int mp_peers_alive(mp_Peers *p, int self, int notend) {
-  int i, others = 0;
-  for (i = 0; i < MP_NSLOTS; i++) {
+  uint32_t i, n = used_slots(p);
+  int k;
+  for (k = 0; k < 3; k++)
+    if ((notend < 0 || k != notend + 1) &&
+        __atomic_load_n(&p->inflight[k], __ATOMIC_ACQUIRE) > 0)
+      return 1;
+  for (i = 0; i < n; i++) {
     mp_Slot *s = &p->slot[i];
-    int e;
-    uint32_t two = 2;
-    if (i == self) continue;
-    if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != 2) continue;
+    uint32_t state = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE);
+    if ((int)i == self) continue;
+    /* a slot changing hands (a proxy becoming its process's slot, say)
+    ** is not taken for gone: the next look settles it */
+    if (state == MP_SLOT_BUSY) return 1;
+    if (state != MP_SLOT_ATTACHED && state != MP_SLOT_PROXY) continue;
     if (notend >= 0 && s->end == notend) continue;
-    e = pthread_mutex_trylock(&s->m);
-    if (e == EBUSY || e == EDEADLK) return 1;   /* EDEADLK: ours */
-    if (e == EOWNERDEAD || e == 0) {
-      /* the owner died holding its slot: take the slot back */
-      if (e == EOWNERDEAD) pthread_mutex_consistent(&s->m);
-      if (__atomic_compare_exchange_n(&s->state, &two, 1, 0, __ATOMIC_ACQ_REL,
-                                      __ATOMIC_RELAXED)) {
-        __atomic_store_n(&p->lastgone, s->pid, __ATOMIC_RELAXED);
-        pthread_mutex_unlock(&s->m);
-        __atomic_store_n(&s->state, 0, __ATOMIC_RELEASE);
-      } else {
-        pthread_mutex_unlock(&s->m);
-      }
-    }
+    if (slot_alive(p, s, state)) return 1;
   }
-  /* "ever attached" counts this process too */
-  others = __atomic_load_n(&p->attaches, __ATOMIC_ACQUIRE) > 1;
-  if (notend >= 0) {
-    /* a pipe: the creator attached both ends, so an other end existed */
-    others = 1;
-  }
-  return others ? -1 : 0;
+  /* "ever" counts this process too; a pipe's creator attached both ends,
+  ** so the other end always existed */
+  if (notend >= 0) return -1;
+  return __atomic_load_n(&p->attaches, __ATOMIC_ACQUIRE) > 1 ? -1 : 0;
 }
 
 /* ------------------------------------------------------------------ */
