@@ -581,6 +581,34 @@ for _, method in ipairs(H.methods) do
       assert.matches("GOT%s+worker", out)
     end)
 
+    it("fileno with cqueues: cqueues.poll wakes for a Pipe message", function()
+      if not package.searchpath("cqueues", package.path) then
+        print("SKIPPED: cqueues (lua-cqueues) is not installed")
+        return
+      end
+      local script = H.script(([[
+        local mp, cqueues = require "multiprocessing", require "cqueues"
+        local a, b = mp.Pipe()
+        local ctx = mp.start_processes(function(_, c) c:send({ from = "worker" }) end,
+                                       { b }, 1, false, false, %q)
+        b:close()
+        local fd, got = a:fileno()
+        local pollable = { pollfd = function() return fd end,
+                           events = function() return "r" end,
+                           timeout = function() return 30 end }
+        local cq = cqueues.new()
+        cq:wrap(function()
+          repeat cqueues.poll(pollable); got = a:recv(0) until got ~= nil
+        end)
+        assert(cq:loop())
+        assert(ctx:join(10))
+        print("GOT", got.from)
+      ]]):format(method))
+      local out = H.sh("lua5.4 " .. script .. " 2>&1")
+      os.remove(script)
+      assert.matches("GOT%s+worker", out)
+    end)
+
     it("a Pipe end sent through a Queue to a worker is not closed meanwhile", function()
       local q <close> = mp.Queue()
       local a, b = mp.Pipe()
