@@ -750,10 +750,11 @@ static char *rbuf_for(Chan *c, Inbox *in, size_t len) {
   return c->rbuf;
 }
 
-/* Reads one message of ring r into 'in', with rlock held; its descriptors
-** come from 'sock' (-1: this end has none; a message with descriptors is
-** then dropped).  Returns MP_OK, MP_TIMEOUT, MP_INTERRUPT, MP_PEERGONE, or
-** an errno. */
+/* Reads one message of ring r into 'in', with rlock held.  Its
+** descriptors come from this end's socket; a ring this end does not read
+** has none for it (chan_drain), and a message with descriptors is then
+** dropped.  Returns MP_OK, MP_TIMEOUT, MP_INTERRUPT, MP_PEERGONE, or an
+** errno. */
 static int read_locked(Chan *c, int r, Inbox *in, mp_Wait *w) {
   Ring *g = RG(c, r);
   for (;;) {
