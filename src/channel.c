@@ -1432,7 +1432,11 @@ static void chan_decode(lua_State *L, mp_Reader *rd) {
     c->wsock = mp_read_fd(L, rd);
     c->wevfd = c->kind == K_CONN ? mp_read_fd(L, rd) : c->revfd;
   }
-  chan_attach(L, c);
+  /* a broadcast is decoded by the forkserver for the workers it forks, and
+  ** by a spawned worker: each worker attaches what its fn and args hold
+  ** before it runs (mp_sharing_attach), covered until then by its proxy;
+  ** the server itself never uses them */
+  if (!(mp_read_flags(rd) & MP_CODEC_BROADCAST)) chan_attach(L, c);
   if (wi.sent) mp_peers_inflight(&H(c)->peers, c->end, -1);
 }
 
