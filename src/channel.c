@@ -115,8 +115,10 @@ typedef struct ChanHdr {
   uint32_t donewait;
   uint32_t pad;
   int64_t unfinished;     /* JoinableQueue: put and not yet task_done */
-  Ring ring[2];
   mp_Peers peers;
+  /* on lines of their own: the header above is read on every operation,
+  ** the rings are written on every one */
+  Ring ring[2] __attribute__((aligned(64)));
 } ChanHdr;
 
 enum { K_QUEUE, K_CONN };
@@ -448,34 +450,53 @@ static int wait_untimed(Waiter *x, mp_Wait *w) {
 /* ------------------------------------------------------------------ */
 /* ring copies                                                         */
 
-/* Copies n bytes to the ring at stream position 'at' (not published). */
-static void ring_copy_in(Chan *c, int r, uint64_t at, const void *src,
-                         size_t n) {
-  uint64_t cap = H(c)->cap, off = at % cap;
-  unsigned char *d = DATA(c, r);
-  size_t first = (size_t)(cap - off) < n ? (size_t)(cap - off) : n;
+/* A position in a ring's data: copies that follow each other go on from
+** it without dividing again. */
+typedef struct Cursor {
+  unsigned char *d;
+  uint64_t cap, off;
+} Cursor;
+
+static Cursor cursor(Chan *c, int r, uint64_t at) {
+  Cursor k;
+  k.d = DATA(c, r);
+  k.cap = H(c)->cap;
+  k.off = at % k.cap;
+  return k;
+}
+
+static size_t cursor_step(Cursor *k, size_t n) {
+  size_t first = (size_t)(k->cap - k->off) < n ? (size_t)(k->cap - k->off) : n;
+  k->off += n;
+  if (k->off >= k->cap) k->off -= k->cap;
+  return first;
+}
+
+/* Copies n bytes (src NULL: zeros) into the ring (not published). */
+static void put_at(Cursor *k, const void *src, size_t n) {
+  unsigned char *at = k->d + k->off;
+  size_t first = cursor_step(k, n);
   if (src) {
-    memcpy(d + off, src, first);
-    if (n > first) memcpy(d, (const char *)src + first, n - first);
+    memcpy(at, src, first);
+    if (n > first) memcpy(k->d, (const char *)src + first, n - first);
   } else {
-    memset(d + off, 0, first);
-    if (n > first) memset(d, 0, n - first);
+    memset(at, 0, first);
+    if (n > first) memset(k->d, 0, n - first);
   }
+}
+
+/* Copies n bytes out of the ring (not consumed). */
+static void get_at(Cursor *k, void *dst, size_t n) {
+  const unsigned char *at = k->d + k->off;
+  size_t first = cursor_step(k, n);
+  memcpy(dst, at, first);
+  if (n > first) memcpy((char *)dst + first, k->d, n - first);
 }
 
 static void publish(Chan *c, int r, uint64_t tail) {
   Ring *g = RG(c, r);
   __atomic_store_n(&g->tail, tail, __ATOMIC_SEQ_CST);
   wake(&g->dataseq, &g->rwait);
-}
-
-/* Copies n bytes from the ring at stream position 'at' (not consumed). */
-static void ring_copy_out(Chan *c, int r, uint64_t at, void *dst, size_t n) {
-  uint64_t cap = H(c)->cap, off = at % cap;
-  const unsigned char *d = DATA(c, r);
-  size_t first = (size_t)(cap - off) < n ? (size_t)(cap - off) : n;
-  memcpy(dst, d + off, first);
-  if (n > first) memcpy((char *)dst + first, d, n - first);
 }
 
 static void consume(Chan *c, int r, size_t n) {
@@ -486,7 +507,10 @@ static void consume(Chan *c, int r, size_t n) {
 
 /* Takes n bytes from the ring; dst may be NULL: skip. */
 static void ring_get(Chan *c, int r, void *dst, size_t n) {
-  if (dst) ring_copy_out(c, r, RG(c, r)->head, dst, n);
+  if (dst) {
+    Cursor k = cursor(c, r, RG(c, r)->head);
+    get_at(&k, dst, n);
+  }
   consume(c, r, n);
 }
 
@@ -503,6 +527,7 @@ static int write_chunks(Chan *c, int r, const void *src, size_t n,
   while (n > 0) {
     uint64_t room = H(c)->cap - avail(c, r), t = g->tail;
     size_t k;
+    Cursor at;
     if (room == 0) {
       Waiter x;
       int st;
@@ -511,7 +536,8 @@ static int write_chunks(Chan *c, int r, const void *src, size_t n,
       continue;
     }
     k = room < n ? (size_t)room : n;
-    ring_copy_in(c, r, t, p, k);
+    at = cursor(c, r, t);
+    put_at(&at, p, k);
     if (p) p += k;
     n -= k;
     g->wpending -= k;
@@ -637,9 +663,10 @@ static int chan_write(Chan *c, const void *data, size_t n, const int *fds,
   if (total <= cap - avail(c, r)) {
     /* the common case: one copy, one publication */
     uint64_t t = g->tail;
-    ring_copy_in(c, r, t, &mh, MSG_HDR);
-    ring_copy_in(c, r, t + MSG_HDR, data, n);
-    ring_copy_in(c, r, t + MSG_HDR + n, &end, MSG_END);
+    Cursor k = cursor(c, r, t);
+    put_at(&k, &mh, MSG_HDR);
+    put_at(&k, data, n);
+    put_at(&k, &end, MSG_END);
     publish(c, r, t + total);
   } else {
     uint64_t start = g->tail;
@@ -760,6 +787,7 @@ static int read_locked(Chan *c, int r, Inbox *in, mp_Wait *w) {
   for (;;) {
     MsgHdr mh;
     Waiter x;
+    Cursor k;
     uint64_t end = 0;
     int st;
     if (g->rpending &&
@@ -769,7 +797,8 @@ static int read_locked(Chan *c, int r, Inbox *in, mp_Wait *w) {
     waiter_init(&x, c, r, W_DATA, MSG_HDR);
     if ((st = wait_for(&x, w)) != MP_OK) return st;
     __atomic_sub_fetch(&g->count, 1, __ATOMIC_SEQ_CST);
-    ring_copy_out(c, r, g->head, &mh, MSG_HDR);
+    k = cursor(c, r, g->head);
+    get_at(&k, &mh, MSG_HDR);
     in->flags = mh.flags;
     in->len = (size_t)mh.len;
     in->buf = rbuf_for(c, in, in->len);
@@ -782,9 +811,8 @@ static int read_locked(Chan *c, int r, Inbox *in, mp_Wait *w) {
     if (avail(c, r) >= MSG_HDR + mh.len + MSG_END) {
       /* the common case: all of it is there, taken in one go (this also
       ** wakes a writer waiting on maxsize) */
-      uint64_t h = g->head + MSG_HDR;
-      ring_copy_out(c, r, h, in->buf, in->len);
-      ring_copy_out(c, r, h + mh.len, &end, MSG_END);
+      get_at(&k, in->buf, in->len);
+      get_at(&k, &end, MSG_END);
       consume(c, r, MSG_HDR + mh.len + MSG_END);
     } else {
       g->rpending = mh.len + MSG_END;
