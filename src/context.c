@@ -16,6 +16,7 @@
 ** (MP_WORKER_KEY, worker.c).
 */
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/pidfd.h>
@@ -90,12 +91,20 @@ mp_Context *mp_checkcontext(lua_State *L, int idx) {
   return mp_checkudata(L, idx, MP_CONTEXT_T);
 }
 
+static void close_lifeline(mp_Context *ctx, int end) {
+  if (ctx->lifeline[end] >= 0) close(ctx->lifeline[end]);
+  ctx->lifeline[end] = -1;
+}
+
 void mp_context_finish(lua_State *L, mp_Context *ctx) {
   if (getpid() == ctx->owner) {
     mp_reports_discard(L, &ctx->reports, ctx->started);
     mp_reports_settle(L, &ctx->reports, ctx->started);
   }
+  mp_watch_finish(ctx);
   mp_reports_close(&ctx->reports);
+  close_lifeline(ctx, 0);
+  close_lifeline(ctx, 1);
   ctx->closed = 1;
 }
 
@@ -103,6 +112,7 @@ void mp_context_finish(lua_State *L, mp_Context *ctx) {
 ** drops this process's copies of the descriptors and signals nobody. */
 void mp_context_close(lua_State *L, mp_Context *ctx, double grace) {
   int i;
+  if (ctx->owner != getpid()) mp_watch_close(ctx);  /* copies, in a fork */
   if (ctx->closed) return;
   if (getpid() == ctx->owner)
     mp_terminate_all(ctx, grace);
@@ -140,7 +150,13 @@ static mp_Context *new_context(lua_State *L, const mp_StartMethod *method,
   ctx->owner = getpid();
   ctx->method = method;
   ctx->reports.fd = ctx->reports.sock = ctx->reports.peer = -1;
-  for (i = 0; i < nprocs; i++) ctx->workers[i].pidfd = -1;
+  ctx->watch = ctx->timer = -1;
+  ctx->lifeline[0] = ctx->lifeline[1] = -1;
+  ctx->next_at = HUGE_VAL;
+  for (i = 0; i < nprocs; i++) {
+    ctx->workers[i].ctx = ctx;
+    ctx->workers[i].pidfd = -1;
+  }
   luaL_setmetatable(L, MP_CONTEXT_T);
   lua_createtable(L, 0, 3);
   lua_createtable(L, nprocs, 0);
@@ -195,6 +211,11 @@ static int start(lua_State *L, const mp_StartMethod *method, int nprocs,
                       strerror(err));
   ctx->closed = 0;
   remember_context(L, ctxidx);
+  if ((err = mp_lifeline_create(ctx->lifeline)) != 0) {
+    mp_context_close(L, ctx, 0);
+    return luaL_error(L, "cannot create the workers' lifeline: %s",
+                      strerror(err));
+  }
   if (method->start(L, ctx, ctxidx, 1, 2) != 0) {
     int started = ctx->started;
     mp_context_close(L, ctx, 0);
@@ -204,6 +225,7 @@ static int start(lua_State *L, const mp_StartMethod *method, int nprocs,
                       method->name, started, lua_tostring(L, -1));
   }
   mp_reports_started(&ctx->reports);  /* the workers hold their end */
+  close_lifeline(ctx, 0);             /* and theirs of the lifeline */
   mp_sharing_handed(L, 1, ctx->workers, ctx->started);  /* sharing.h */
   mp_sharing_handed(L, 2, ctx->workers, ctx->started);
   lua_settop(L, ctxidx);
@@ -259,11 +281,13 @@ static int l_spawn(lua_State *L) {
   if (!lua_isnil(L, 6)
       && !(lua_type(L, 6) == LUA_TSTRING
            && strcmp(lua_tostring(L, 6), "spawn") == 0)) {
-    lua_warning(L, "multiprocessing.spawn only supports start_method "
-                   "\"spawn\" (got: ", 1);
-    lua_warning(L, luaL_tolstring(L, 6, NULL), 1);
-    lua_warning(L, "); use multiprocessing.start_processes(...) for another "
-                   "start method", 0);
+    lua_pushliteral(L, "multiprocessing.spawn only supports start_method "
+                       "\"spawn\" (got: ");
+    luaL_tolstring(L, 6, NULL);
+    lua_pushliteral(L, "); use multiprocessing.start_processes(...) for "
+                       "another start method");
+    lua_concat(L, 3);
+    mp_warning(L, lua_tostring(L, -1));
     lua_pop(L, 1);
   }
   return start(L, &mp_start_spawn, nprocs, join, daemon);
@@ -302,19 +326,38 @@ static int ctx_results(lua_State *L) {
   return 1;
 }
 
-/* close([grace_period]) and __close/__gc: terminate and reap what runs. */
+/* close([grace_period]) and __close/__gc: end what still runs.  Without a
+** grace period (always for __close, __gc and lua_close) the workers get
+** SIGKILL at once, and close waits only for the kernel to take them down:
+** a frame is never blocked by a worker that ignores SIGTERM.  close(g)
+** asks for SIGTERM and up to g seconds before SIGKILL, and waits for it.
+** For a graceful end that never blocks, poll join(0) instead. */
 static int ctx_close(lua_State *L) {
   mp_Context *ctx = mp_checkcontext(L, 1);
-  mp_context_close(L, ctx, check_seconds(L, 2, "grace_period",
-                                           MP_DEFAULT_GRACE));
+  mp_context_close(L, ctx, check_seconds(L, 2, "grace_period", 0));
+  mp_watch_close(ctx);
   mp_payload_release(L, 1);
   return 0;
 }
 
 static int ctx_gc(lua_State *L) {
-  mp_context_close(L, mp_checkcontext(L, 1), MP_DEFAULT_GRACE);
+  mp_Context *ctx = mp_checkcontext(L, 1);
+  mp_context_close(L, ctx, 0);
+  mp_watch_close(ctx);
   mp_payload_release(L, 1);
   return 0;
+}
+
+/* fileno(): a descriptor that becomes readable when join(0) has something
+** to do -- a worker exited, a report's descriptors came, the ending's next
+** step is due -- and stays readable once the context is settled.  Valid
+** until close (or collection) of the context: stop watching it first. */
+static int ctx_fileno(lua_State *L) {
+  int fd = mp_watch(check_owned(L, mp_checkcontext(L, 1)));
+  if (fd < 0)
+    return luaL_error(L, "ProcessContext.fileno: %s", strerror(-fd));
+  lua_pushinteger(L, fd);
+  return 1;
 }
 
 static int ctx_tostring(lua_State *L) {
@@ -490,7 +533,7 @@ void mp_open_context(lua_State *L) {
   };
   static const luaL_Reg ctx_methods[] = {
     {"join", ctx_join}, {"pids", ctx_pids}, {"results", ctx_results},
-    {"close", ctx_close}, {NULL, NULL}
+    {"close", ctx_close}, {"fileno", ctx_fileno}, {NULL, NULL}
   };
   static const luaL_Reg process_meta[] = {
     {"__index", process_index}, {"__tostring", process_tostring}, {NULL, NULL}

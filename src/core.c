@@ -3,6 +3,7 @@
 ** every part shares.  Each part registers its own functions (mp_open_*).
 */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -69,11 +70,47 @@ void mp_push_method(lua_State *L) {
   lua_rawget(L, -2);
 }
 
+/* --- the warning channel -------------------------------------------------- */
+
+/* lua_warning is off by default in lua5.4 (and in most hosts), and what we
+** warn about must not go unseen: by default a warning goes to stderr, one
+** line; mp.set_warning_handler(fn) sends it to fn(message) instead (a host's
+** log), and set_warning_handler(nil) back to stderr. */
+#define WARN_KEY "multiprocessing.warning_handler"
+
+void mp_warning(lua_State *L, const char *msg) {
+  if (lua_getfield(L, LUA_REGISTRYINDEX, WARN_KEY) == LUA_TFUNCTION) {
+    lua_pushstring(L, msg);
+    if (lua_pcall(L, 1, 0, 0) == LUA_OK) return;
+    fprintf(stderr, "lua-multiprocessing: the warning handler failed: %s\n",
+            lua_tostring(L, -1));
+  }
+  lua_pop(L, 1);
+  fprintf(stderr, "lua-multiprocessing: warning: %s\n", msg);
+  fflush(stderr);
+}
+
+static int l_set_warning_handler(lua_State *L) {
+  if (!lua_isnoneornil(L, 1)) luaL_checktype(L, 1, LUA_TFUNCTION);
+  lua_settop(L, 1);
+  lua_setfield(L, LUA_REGISTRYINDEX, WARN_KEY);
+  return 0;
+}
+
+static int l_warn(lua_State *L) {
+  mp_warning(L, luaL_checkstring(L, 1));
+  return 0;
+}
+
 LUAMOD_API int luaopen_multiprocessing_core(lua_State *L);
 
 __attribute__((visibility("default")))
 int luaopen_multiprocessing_core(lua_State *L) {
-  lua_newtable(L);
+  static const luaL_Reg funcs[] = {
+    {"set_warning_handler", l_set_warning_handler}, {"_warn", l_warn},
+    {NULL, NULL}
+  };
+  luaL_newlib(L, funcs);
   mp_open_signames(L);
   mp_open_codec(L);
   mp_open_exception(L);

@@ -7,19 +7,27 @@
 ** cannot (it would start the host), so then the default is the small
 ** worker program the project builds next to core.so (worker_main.c).
 ** mp.set_executable(path) chooses another; the choice is kept per
-** lua_State in the registry.
+** lua_State in the registry.  Such a program (a host binary that calls
+** lmp_worker_main, multiprocessing.h) is checked on its first start in a
+** state: it must answer the worker protocol's hello (mp_await_hello), or
+** the start fails naming it, instead of "succeeding" with a program that
+** does something else.
 */
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "mp.h"
+#include "multiprocessing.h"
 
 #define EXE_KEY "multiprocessing.executable"
+#define VERIFIED_KEY "multiprocessing.verified_executables"
+#define HELLO_TIMEOUT_MS 60000
 #define WORKER_NAME "worker"
 
 /* basename matches ^lua%d*%.?%d*$ */
@@ -112,6 +120,7 @@ void mp_push_bootstrap(lua_State *L, const char *call) {
   else lua_pushnil(L);
   push_core_path(L);
   base = lua_gettop(L);  /* cpath at base - 1, core path at base */
+  lua_pushliteral(L, LMP_WORKER_MARK " ");
   if (lua_type(L, base - 1) == LUA_TSTRING) {
     lua_pushliteral(L, "package.cpath=");
     push_quoted(L, lua_tostring(L, base - 1));
@@ -125,6 +134,65 @@ void mp_push_bootstrap(lua_State *L, const char *call) {
   lua_concat(L, lua_gettop(L) - base);
   lua_replace(L, top + 1);
   lua_settop(L, top + 1);
+}
+
+/* --- the hello of a chosen executable ------------------------------------ */
+
+/* Pushes the registry's set of executables that answered: a table. */
+static void push_verified(lua_State *L) {
+  if (lua_getfield(L, LUA_REGISTRYINDEX, VERIFIED_KEY) == LUA_TTABLE) return;
+  lua_pop(L, 1);
+  lua_newtable(L);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, LUA_REGISTRYINDEX, VERIFIED_KEY);
+}
+
+int mp_executable_verified(lua_State *L, const char *exe) {
+  int known;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, EXE_KEY) != LUA_TSTRING) {
+    lua_pop(L, 1);
+    return 1;  /* the default: the interpreter running us, or our worker */
+  }
+  lua_pop(L, 1);
+  push_verified(L);
+  known = lua_getfield(L, -1, exe) != LUA_TNIL;
+  lua_pop(L, 2);
+  return known;
+}
+
+int mp_await_hello(lua_State *L, int fd, const char *exe) {
+  struct pollfd p;
+  char c;
+  ssize_t n;
+  int r;
+  double deadline = mp_now() + HELLO_TIMEOUT_MS / 1000.0;
+  p.fd = fd;
+  p.events = POLLIN;
+  do {
+    int ms = (int)((deadline - mp_now()) * 1000);
+    r = poll(&p, 1, ms < 0 ? 0 : ms);
+  } while (r < 0 && errno == EINTR);
+  if (r == 0) {
+    lua_pushfstring(L, "%s did not answer the worker protocol within %d s: is "
+                       "it a worker executable? (a host binary must call "
+                       "lmp_worker_main at the top of main(), see "
+                       "multiprocessing.h)", exe, HELLO_TIMEOUT_MS / 1000);
+    return ETIMEDOUT;
+  }
+  do n = read(fd, &c, 1);
+  while (n < 0 && errno == EINTR);
+  if (n <= 0) {
+    lua_pushfstring(L, "%s is not a worker executable: it ended without "
+                       "running the worker protocol (a host binary must call "
+                       "lmp_worker_main at the top of main(), see "
+                       "multiprocessing.h)", exe);
+    return ENOEXEC;
+  }
+  push_verified(L);
+  lua_pushboolean(L, 1);
+  lua_setfield(L, -2, exe);
+  lua_pop(L, 1);
+  return 0;
 }
 
 /* set_executable(path): path must be a regular file we may execute; nil

@@ -11,16 +11,23 @@
 ** afterwards (so the server stays clean however many modules a request
 ** loads), then creates each worker with clone3(CLONE_PARENT | CLONE_PIDFD):
 **   - CLONE_PARENT makes the worker a child of the USER process: join.c
-**     waits for and reaps it like any other worker, and PDEATHSIG ties it
-**     to the user process;
+**     waits for and reaps it like any other worker, and the context's
+**     lifeline (worker.c) ties it to the user process;
 **   - with CLONE_PARENT the kernel gives the worker the server's own exit
-**     signal, which is 0 (launch.c): no SIGCHLD reaches the host, and only
-**     waitid(..., __WALL) sees it;
+**     signal, SIGCHLD (an exec resets it): a host's waitpid(-1) may reap
+**     it, and the worker's own exit record (reports.c) tells join how it
+**     ended;
 **   - without CLONE_VM it is a fork of a single-threaded server: safe.
 ** The server answers with the pid and the pidfd of each worker.
 **
-** The server dies with the parent (PDEATHSIG + getppid check) and on EOF
-** of its socket.  The parent holds the socket and the server's pidfd in a
+** A new server first says hello (one byte): an executable that does not
+** run the protocol fails the start naming itself (executable.c).  When the
+** server runs in a host binary (lmp_worker_main, multiprocessing.h), each
+** request's state is opened with the host's openlibs, so the workers have
+** the host's modules.
+**
+** The server exits on EOF of its socket, which the parent process holds
+** (not PDEATHSIG: that follows the thread that started the server).  The parent holds the socket and the server's pidfd in a
 ** userdata in the registry, whose __gc kills and reaps the server: closing
 ** the state leaves neither a zombie nor a running server.
 */
@@ -41,6 +48,7 @@
 
 #include "lualib.h"
 #include "mp.h"
+#include "multiprocessing.h"
 
 #ifndef P_PIDFD
 #define P_PIDFD 3
@@ -50,7 +58,7 @@
 #define SERVER_T   "multiprocessing.ForkServer"
 #define REQ_MAGIC  0x4c4d5046u
 #define MAXFDS     MP_MAXFDS
-#define NFIXED     3      /* payload, reports, reports' socket */
+#define NFIXED     4      /* payload, reports, reports' socket, lifeline */
 
 LUAMOD_API int luaopen_multiprocessing_core(lua_State *L);
 
@@ -58,7 +66,7 @@ typedef struct Request {
   uint32_t magic;
   int32_t nprocs;
   int32_t parent;      /* the user process: the workers' parent */
-  uint32_t nfds;       /* payload, reports, reports' socket, the codec's */
+  uint32_t nfds;       /* the NFIXED, then the codec's */
 } Request;
 
 typedef struct Reply {
@@ -147,16 +155,18 @@ static pid_t clone_worker(int *pidfd, const Robust *rb) {
              (rb->tid != NULL ? CLONE_CHILD_SETTID : 0);
   ca.pidfd = (uint64_t)(uintptr_t)pidfd;
   ca.child_tid = (uint64_t)(uintptr_t)rb->tid;
-  ca.exit_signal = 0;  /* CLONE_PARENT: the kernel uses the server's, 0 */
+  ca.exit_signal = 0;  /* CLONE_PARENT: the kernel uses the server's */
   return (pid_t)syscall(SYS_clone3, &ca, sizeof ca);
 }
 
 typedef struct Job {
   int sock;
   const Request *rq;
-  int *fds;            /* payload, reports, reports' socket, codec... */
+  int *fds;            /* payload, reports, reports' socket, lifeline,
+                          codec... */
   size_t nfds;
   const Robust *rb;
+  lmp_Openlibs openlibs;  /* the host's (lmp_worker_main), or NULL */
 } Job;
 
 /* In the new worker: leave the server's descriptors, then run fn. */
@@ -178,7 +188,9 @@ static void worker_child(lua_State *sub, const Job *job, int rank) {
   }
   close(job->sock);
   close(job->fds[0]);
-  mp_worker_detach((pid_t)job->rq->parent);  /* our parent is the user's */
+  /* our parent is the user's */
+  mp_worker_detach((pid_t)job->rq->parent, job->fds[3]);
+  job->fds[3] = -1;
   to.fd = job->fds[1];
   to.sock = job->fds[2];
   mp_worker_run(sub, 1, 2, rank, &to);
@@ -188,7 +200,10 @@ static void worker_child(lua_State *sub, const Job *job, int rank) {
 static int prepare(lua_State *L) {
   Job *job = lua_touserdata(L, 1);
   lua_pop(L, 1);
-  luaL_openlibs(L);
+  if (job->openlibs != NULL)
+    job->openlibs(L);
+  else
+    luaL_openlibs(L);
   luaL_requiref(L, "multiprocessing.core", luaopen_multiprocessing_core, 0);
   lua_pop(L, 1);
   mp_payload_load(L, job->fds[0], job->fds + NFIXED, job->nfds - NFIXED);
@@ -241,13 +256,17 @@ static int l_forkserver_main(lua_State *L) {
   int sock = (int)luaL_checkinteger(L, 1);
   pid_t parent = (pid_t)luaL_checkinteger(L, 2);
   Robust rb;
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  lmp_Openlibs openlibs = NULL;
   if (getppid() != parent) _exit(1);
+  if (lua_getfield(L, LUA_REGISTRYINDEX, LMP_OPENLIBS_KEY) == LUA_TUSERDATA)
+    openlibs = *(lmp_Openlibs *)lua_touserdata(L, -1);
+  lua_pop(L, 1);
   /* lua.c catches SIGINT while a chunk runs; the server has no use for it
   ** (it is in its own process group) and workers reset it anyway. */
   signal(SIGINT, SIG_DFL);
   fcntl(sock, F_SETFD, FD_CLOEXEC);
   find_robust(&rb);
+  if (write(sock, "", 1) != 1) _exit(1);  /* hello */
   for (;;) {
     Request rq;
     int fds[MAXFDS];
@@ -261,6 +280,7 @@ static int l_forkserver_main(lua_State *L) {
     job.fds = fds;
     job.nfds = nfds;
     job.rb = &rb;
+    job.openlibs = openlibs;
     if (r > 0 && valid_request(&rq, r, nfds))
       serve(&job);
     else if (reply(&job, 0, 0, EPROTO, -1) != 0)
@@ -363,6 +383,10 @@ static int server_start(lua_State *L, Server *s, int si, int ei) {
   s->pidfd = pidfd;
   s->pid = pid;
   s->owner = getpid();
+  if ((err = mp_await_hello(L, s->sock, lua_tostring(L, ei))) != 0) {
+    server_stop(s);
+    return err;
+  }
   lua_pushvalue(L, ei);
   lua_setiuservalue(L, si, 1);
   return 0;
@@ -392,6 +416,7 @@ static int send_request(Server *s, mp_Context *ctx, const mp_Payload *p) {
   fds[0] = p->fd;
   fds[1] = ctx->reports.fd;
   fds[2] = ctx->reports.peer;
+  fds[3] = ctx->lifeline[0];
   for (i = 0; i < p->nfds; i++) fds[NFIXED + i] = p->fds[i];
   return send_msg(s->sock, &rq, sizeof rq, fds, rq.nfds);
 }

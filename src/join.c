@@ -6,6 +6,15 @@
 ** While a join blocks, SIGINT is read from a signalfd (when the host has not
 ** ignored or blocked it), so Ctrl-C terminates the workers before the error
 ** reaches Lua; the signal mask is restored before join returns or raises.
+**
+** Termination never blocks a poll: after a failure, ctx->ending moves on
+** (grace for the others, SIGTERM, SIGKILL at ctx->next_at) at whichever
+** join reaches its next step, so join(0) in a frame loop returns false at
+** once until everything is reaped, then raises.  A blocking join is the
+** same steps with sleeps between them.  ctx:fileno() is an epoll of what a
+** join waits for -- the running workers' pidfds, the reports' socket, and a
+** timerfd for ctx->next_at -- so an event loop wakes exactly when join(0)
+** has something to do.
 */
 #include <errno.h>
 #include <limits.h>
@@ -15,9 +24,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/pidfd.h>
 #include <sys/signalfd.h>
+#include <sys/timerfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -31,8 +42,12 @@
 /* --- exit status --------------------------------------------------------- */
 
 /* Linux >= 6.15 keeps a child's exit status on its pidfd after somebody
-** else reaped it: a host that ignores SIGCHLD, or whose handler calls
-** waitpid(-1), does not lose us the status.  (Layout from linux/pidfd.h.) */
+** else reaped it (a host that ignores SIGCHLD, or whose handler calls
+** waitpid(-1)).  Older kernels (Debian 12's 6.1) do not: then the status
+** the worker wrote itself as it left is read from its report slot
+** (mp_reports_exit_get).  LUA_MP_NO_PIDFD_EXIT_INFO=1 skips the pidfd here,
+** which is how the specs stand in for such a kernel.  (Layout from
+** linux/pidfd.h.) */
 struct pidfd_exit_info {
   uint64_t mask, cgroupid;
   uint32_t pid, tgid, ppid, ruid, rgid, euid, egid, suid, sgid, fsuid, fsgid;
@@ -40,6 +55,7 @@ struct pidfd_exit_info {
 };
 #define PIDFD_INFO_EXIT_BIT (1UL << 3)
 #define PIDFD_GET_INFO_REQ _IOWR(0xFF, 11, struct pidfd_exit_info)
+#define NO_EXIT_INFO_ENV "LUA_MP_NO_PIDFD_EXIT_INFO"
 
 static int status_from_wait(int wstatus) {
   if (WIFEXITED(wstatus)) return WEXITSTATUS(wstatus);
@@ -47,14 +63,20 @@ static int status_from_wait(int wstatus) {
   return MP_EXIT_UNKNOWN;
 }
 
+static int pidfd_exit_info_disabled(void) {
+  const char *v = getenv(NO_EXIT_INFO_ENV);
+  return v != NULL && *v != '\0' && strcmp(v, "0") != 0;
+}
+
 static int lost_status(const mp_Worker *w) {
   struct pidfd_exit_info info;
   memset(&info, 0, sizeof info);
   info.mask = PIDFD_INFO_EXIT_BIT;
-  if (w->pidfd >= 0 && ioctl(w->pidfd, PIDFD_GET_INFO_REQ, &info) == 0
+  if (w->pidfd >= 0 && !pidfd_exit_info_disabled()
+      && ioctl(w->pidfd, PIDFD_GET_INFO_REQ, &info) == 0
       && (info.mask & PIDFD_INFO_EXIT_BIT))
     return status_from_wait(info.exit_code);
-  return MP_EXIT_UNKNOWN;
+  return mp_reports_exit_get(&w->ctx->reports, (int)(w - w->ctx->workers));
 }
 
 static int wait_worker(const mp_Worker *w, siginfo_t *si, int options) {
@@ -67,6 +89,29 @@ static int wait_worker(const mp_Worker *w, siginfo_t *si, int options) {
       r = waitid(P_PID, (id_t)w->pid, si, options | WEXITED | __WALL);
   } while (r < 0 && errno == EINTR);
   return r;
+}
+
+/* The 'watch' of fileno() (made lazily, see mp_watch) wakes an event loop
+** when join has something to do.  Arms its timer to fire at 'at' (seconds
+** of mp_now; INFINITY disarms, 0 fires at once): setting it also clears a
+** timer that fired before. */
+static void arm_timer(mp_Context *ctx, double at) {
+  struct itimerspec its;
+  if (ctx->timer < 0) return;
+  memset(&its, 0, sizeof its);
+  if (!isinf(at)) {
+    double left = at - mp_now();
+    if (left < 1e-9) left = 1e-9;  /* 0 would disarm */
+    its.it_value.tv_sec = (time_t)left;
+    its.it_value.tv_nsec = (long)((left - (double)(time_t)left) * 1e9);
+    if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0)
+      its.it_value.tv_nsec = 1;
+  }
+  timerfd_settime(ctx->timer, 0, &its, NULL);
+}
+
+static void unwatch(mp_Context *ctx, int fd) {
+  if (ctx->watch >= 0 && fd >= 0) epoll_ctl(ctx->watch, EPOLL_CTL_DEL, fd, NULL);
 }
 
 /* Reaps the worker if it has exited.  Whatever is left in its process group
@@ -86,9 +131,15 @@ int mp_reap(mp_Worker *w) {
   } else {
     return 0;
   }
+  /* A forked worker of another context may hold a copy of the pidfd: the
+  ** epoll would go on seeing it after our close. */
+  unwatch(w->ctx, w->pidfd);
   if (w->pidfd >= 0) close(w->pidfd);
   w->pidfd = -1;
   w->state = MP_EXITED;
+  /* Reaped outside a join (is_alive, exitcode): the join that takes the
+  ** news must still be woken. */
+  arm_timer(w->ctx, 0);
   return 1;
 }
 
@@ -225,39 +276,158 @@ static int running(const mp_Context *ctx) {
   return n;
 }
 
-/* Waits until every worker exited or 'deadline'; 0 when interrupted. */
-static int wait_all(mp_Context *ctx, double deadline, Interrupt *in) {
-  while (running(ctx) > 0) {
-    Wake wake = wait_any(ctx, deadline, in);
-    if (wake == WOKE_INTERRUPT) return 0;
-    if (wake == WOKE_TIMEOUT && mp_now() >= deadline) break;
-  }
-  return 1;
-}
+/* --- the ending: SIGTERM now, SIGKILL on a later step -------------------- */
 
-/* SIGTERM, up to 'grace' seconds, then SIGKILL; a second Ctrl-C skips the
-** grace.  Returns with every worker reaped. */
-static void terminate_watched(mp_Context *ctx, double grace, Interrupt *in) {
+static void kill_all(mp_Context *ctx) {
   int i;
-  for (i = 0; i < ctx->started; i++) {
-    mp_Worker *w = &ctx->workers[i];
-    /* One that already exited failed (or not) on its own: reap it first,
-    ** so that only the ones we signal count as terminated by us. */
-    if (mp_reap(w)) continue;
-    w->terminated = 1;
-    signal_worker(w, SIGTERM);
-  }
-  wait_all(ctx, mp_now() + grace, in);
   for (i = 0; i < ctx->started; i++)
     signal_worker(&ctx->workers[i], SIGKILL);
-  wait_all(ctx, INFINITY, NULL);
+  ctx->ending = MP_END_KILL;
+  ctx->next_at = INFINITY;
+}
+
+/* SIGTERM to what still runs, SIGKILL 'grace' seconds later (at once when
+** 'grace' is 0).  One that already exited failed (or not) on its own: it
+** is reaped first, so that only the ones we signal count as terminated by
+** us. */
+static void begin_term(mp_Context *ctx, double grace) {
+  int i;
+  if (ctx->ending >= MP_END_TERM) return;
+  for (i = 0; i < ctx->started; i++) {
+    mp_Worker *w = &ctx->workers[i];
+    if (mp_reap(w)) continue;
+    w->terminated = 1;
+    if (grace > 0) signal_worker(w, SIGTERM);
+  }
+  ctx->ending = MP_END_TERM;
+  ctx->grace = grace;
+  ctx->next_at = mp_now() + grace;
+  if (grace <= 0) kill_all(ctx);
+}
+
+/* One step of the ending, never waiting: starts it when a worker failed
+** (with 'grace' for the others when 'grace_given'), and moves it on when
+** its time has come. */
+static void step(mp_Context *ctx, double grace, int grace_given) {
+  double now = mp_now();
+  switch (ctx->ending) {
+    case MP_END_NONE:
+      if (first_failure(ctx) < 0) break;
+      if (!grace_given || grace <= 0) {
+        begin_term(ctx, grace);
+        break;
+      }
+      ctx->ending = MP_END_WAIT;
+      ctx->grace = grace;
+      ctx->next_at = now + grace;
+      break;
+    case MP_END_WAIT:
+      if (now >= ctx->next_at || running(ctx) == 0)
+        begin_term(ctx, ctx->grace);
+      break;
+    case MP_END_TERM:
+      if (now >= ctx->next_at) kill_all(ctx);
+      break;
+    case MP_END_KILL:
+      break;
+  }
+}
+
+/* Ctrl-C: terminate without waiting for the others; a second one skips
+** the rest of the grace. */
+static void on_interrupt(mp_Context *ctx, double grace) {
+  ctx->interrupted = 1;
+  if (ctx->ending < MP_END_TERM)
+    begin_term(ctx, grace);
+  else if (ctx->ending == MP_END_TERM)
+    kill_all(ctx);
+}
+
+/* Every worker reaped, or 'deadline' passed: 1, or 0 on the deadline.
+** Each wake-up moves the ending on. */
+static int run_ending(mp_Context *ctx, double deadline, double grace,
+                      int grace_given, Interrupt *in) {
+  for (;;) {
+    Wake wake;
+    step(ctx, grace, grace_given);
+    if (running(ctx) == 0) return 1;
+    wake = wait_any(ctx, fmin(deadline, ctx->next_at), in);
+    if (wake == WOKE_INTERRUPT)
+      on_interrupt(ctx, grace);
+    else if (wake == WOKE_TIMEOUT && mp_now() >= deadline) {
+      step(ctx, grace, grace_given);
+      return running(ctx) == 0;
+    }
+  }
 }
 
 void mp_terminate_all(mp_Context *ctx, double grace) {
   Interrupt in;
   watch_interrupt(&in);
-  terminate_watched(ctx, grace, &in);
+  begin_term(ctx, grace);
+  if (grace <= 0 && ctx->ending == MP_END_TERM) kill_all(ctx);
+  run_ending(ctx, INFINITY, grace, 1, &in);
   unwatch_interrupt(&in);
+}
+
+/* --- fileno -------------------------------------------------------------- */
+
+static int watch_add(mp_Context *ctx, int fd) {
+  struct epoll_event ev;
+  memset(&ev, 0, sizeof ev);
+  ev.events = EPOLLIN;
+  ev.data.fd = fd;
+  return epoll_ctl(ctx->watch, EPOLL_CTL_ADD, fd, &ev) == 0 ? 0 : errno;
+}
+
+/* After each join: the timer for the next step of the ending, the reports'
+** socket out once it is at its end (it would stay readable), and once the
+** context is settled, readable for good: join(0) answers at once. */
+static void watch_sync(mp_Context *ctx) {
+  if (ctx->watch < 0 || ctx->closed) return;
+  if (ctx->watch_sock && ctx->reports.eof) {
+    unwatch(ctx, ctx->reports.sock);
+    ctx->watch_sock = 0;
+  }
+  arm_timer(ctx, ctx->ending != MP_END_NONE ? ctx->next_at : INFINITY);
+}
+
+void mp_watch_finish(mp_Context *ctx) {
+  if (ctx->watch < 0) return;
+  if (ctx->watch_sock) unwatch(ctx, ctx->reports.sock);
+  ctx->watch_sock = 0;
+  arm_timer(ctx, 0);
+}
+
+int mp_watch(mp_Context *ctx) {
+  int i, err = 0;
+  if (ctx->watch >= 0) return ctx->watch;
+  ctx->watch = epoll_create1(EPOLL_CLOEXEC);
+  if (ctx->watch < 0) return -errno;
+  ctx->timer = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+  if (ctx->timer < 0) err = errno;
+  if (err == 0) err = watch_add(ctx, ctx->timer);
+  for (i = 0; i < ctx->started && err == 0; i++)
+    if (ctx->workers[i].state == MP_RUNNING)
+      err = watch_add(ctx, ctx->workers[i].pidfd);
+  if (err == 0 && !ctx->closed && ctx->reports.sock >= 0 && !ctx->reports.eof) {
+    err = watch_add(ctx, ctx->reports.sock);
+    ctx->watch_sock = err == 0;
+  }
+  if (err != 0) {
+    mp_watch_close(ctx);
+    return -err;
+  }
+  /* Something may be there for join already: let it look. */
+  arm_timer(ctx, 0);
+  return ctx->watch;
+}
+
+void mp_watch_close(mp_Context *ctx) {
+  if (ctx->timer >= 0) close(ctx->timer);
+  if (ctx->watch >= 0) close(ctx->watch);
+  ctx->timer = ctx->watch = -1;
+  ctx->watch_sock = 0;
 }
 
 /* --- the exception ------------------------------------------------------- */
@@ -470,12 +640,37 @@ static int raise_failure(lua_State *L, int ctxidx) {
   return lua_error(L);
 }
 
+static int finish_join(lua_State *L, mp_Context *ctx, int ctxidx) {
+  if (ctx->ending == MP_END_NONE && !ctx->interrupted) {
+    lua_getiuservalue(L, ctxidx, 1);
+    if (!read_results(L, ctx, lua_gettop(L))) {
+      lua_remove(L, -2);
+      settle(L, ctx, ctxidx);
+      watch_sync(ctx);
+      return raise_failure(L, ctxidx);
+    }
+    lua_pop(L, 1);
+    lua_pushnil(L);
+    settle(L, ctx, ctxidx);
+    watch_sync(ctx);
+    return 1;
+  }
+  if (ctx->interrupted)
+    lua_pushliteral(L, "interrupted! (SIGINT during join: every worker was "
+                       "terminated and reaped)");
+  else
+    push_failure(L, ctx, first_failure(ctx));
+  settle(L, ctx, ctxidx);
+  watch_sync(ctx);
+  return raise_failure(L, ctxidx);
+}
+
 int mp_join(lua_State *L, int ctxidx, double timeout, double grace,
             int grace_given) {
   mp_Context *ctx = mp_checkcontext(L, ctxidx);
   double deadline = timeout < 0 ? INFINITY : mp_now() + timeout;
   Interrupt in;
-  int failed, interrupted = 0;
+  int done;
   ctxidx = lua_absindex(L, ctxidx);
   if (ctx->closed) {
     lua_getiuservalue(L, ctxidx, 1);
@@ -484,42 +679,11 @@ int mp_join(lua_State *L, int ctxidx, double timeout, double grace,
     return 1;
   }
   watch_interrupt(&in);
-  for (;;) {
-    Wake wake;
-    failed = first_failure(ctx);
-    if (failed >= 0 || running(ctx) == 0) break;
-    wake = wait_any(ctx, deadline, &in);
-    if (wake == WOKE_INTERRUPT) {
-      interrupted = 1;
-      break;
-    }
-    if (wake == WOKE_TIMEOUT && mp_now() >= deadline) {
-      unwatch_interrupt(&in);
-      return 0;
-    }
-  }
-  if (failed < 0 && !interrupted) {
-    unwatch_interrupt(&in);
-    lua_getiuservalue(L, ctxidx, 1);
-    if (!read_results(L, ctx, lua_gettop(L))) {
-      lua_remove(L, -2);
-      settle(L, ctx, ctxidx);
-      return raise_failure(L, ctxidx);
-    }
-    lua_pop(L, 1);
-    lua_pushnil(L);
-    settle(L, ctx, ctxidx);
-    return 1;
-  }
-  if (!interrupted && grace_given)
-    interrupted = !wait_all(ctx, mp_now() + grace, &in);
-  terminate_watched(ctx, grace, &in);
+  done = run_ending(ctx, deadline, grace, grace_given, &in);
   unwatch_interrupt(&in);
-  if (interrupted)
-    lua_pushliteral(L, "interrupted! (SIGINT during join: every worker was "
-                       "terminated and reaped)");
-  else
-    push_failure(L, ctx, failed);
-  settle(L, ctx, ctxidx);
-  return raise_failure(L, ctxidx);
+  if (!done) {
+    watch_sync(ctx);
+    return 0;
+  }
+  return finish_join(L, ctx, ctxidx);
 }

@@ -17,6 +17,10 @@
 **   codec.c        Lua values <-> bytes (codec.h)
 **   stdio.c        descriptors for supervisors (mprun): pipes, the relay
 **   pool.c         cpu_count, a clock, TimeoutError: for mp.Pool (pool.lua)
+**   executable.c   which program runs fresh workers, and its hello
+**   launch.c       clone+exec of a fresh worker or the forkserver
+**   worker_main.c  the worker program; multiprocessing.h its entry, which a
+**                  host binary calls to be its own worker (installed)
 */
 #ifndef mp_h
 #define mp_h
@@ -32,7 +36,10 @@
 typedef enum { MP_RUNNING, MP_EXITED } mp_WorkerState;
 #define MP_EXIT_UNKNOWN  (-1000)
 
+struct mp_Context;
+
 typedef struct mp_Worker {
+  struct mp_Context *ctx;  /* the context it belongs to */
   pid_t pid;          /* 0 when never started */
   int pidfd;          /* -1 once reaped (or never opened) */
   mp_WorkerState state;
@@ -81,6 +88,12 @@ void mp_reports_drain(mp_Reports *r);
 ** EPROTO, or out of memory). */
 int  mp_reports_take(mp_Reports *r, int rank, int kind, mp_Report *out);
 void mp_report_free(mp_Report *rep);   /* closes the descriptors left */
+/* A worker's exit status, written by the worker itself as it leaves (an
+** exit, os.exit, a fatal signal it can catch), so that a parent whose host
+** reaped the worker behind its back still knows how it ended.  put is
+** async-signal-safe; get gives MP_EXIT_UNKNOWN when nothing was written. */
+void mp_reports_exit_put(int fd, int rank, int code);
+int  mp_reports_exit_get(const mp_Reports *r, int rank);
 /* Where in the memfd the ledger of worker 'rank' is (ledger.c). */
 off_t mp_reports_ledger_at(int rank);
 /* Every worker gone: the reports of ranks 0..n-1 nobody took (the results
@@ -97,6 +110,15 @@ int  mp_reports_put(const mp_ReportTo *to, int rank, int kind,
 /* --- a context: the workers of one start_processes call --- */
 typedef struct mp_StartMethod mp_StartMethod;
 
+/* How far the termination of a context has gone (join.c): a failure or an
+** interrupt starts it, successive polls move it on, never waiting. */
+typedef enum {
+  MP_END_NONE,      /* no failure seen */
+  MP_END_WAIT,      /* a failure: the others get grace_period on their own */
+  MP_END_TERM,      /* SIGTERM sent; SIGKILL at 'next_at' */
+  MP_END_KILL       /* SIGKILL sent: reaping */
+} mp_Ending;
+
 typedef struct mp_Context {
   int nprocs;
   int started;            /* workers 0..started-1 have a pid */
@@ -105,6 +127,15 @@ typedef struct mp_Context {
   pid_t owner;            /* the process that started the workers */
   const mp_StartMethod *method;
   mp_Reports reports;
+  mp_Ending ending;
+  int interrupted;        /* SIGINT during a join started the ending */
+  double grace;           /* of the ending */
+  double next_at;         /* when the ending moves on (INFINITY: never) */
+  int watch;              /* fileno(): an epoll of the pidfds, or -1 */
+  int timer;              /* a timerfd in 'watch' for next_at, or -1 */
+  int watch_sock;         /* reports.sock is in 'watch' */
+  int lifeline[2];        /* a pipe: workers die when the write end, held by
+                             this process only, closes (worker.c) */
   mp_Worker workers[1];   /* nprocs of them */
 } mp_Context;
 
@@ -130,9 +161,17 @@ extern const mp_StartMethod mp_start_forkserver;
 ** 'grace_given', terminates the rest and raises the exception. */
 int  mp_join(lua_State *L, int ctxidx, double timeout, double grace,
              int grace_given);
-/* Terminates (SIGTERM, grace, SIGKILL) and reaps every live worker of ctx,
-** and signals the process group of each, so grandchildren go too. */
+/* Terminates and reaps every live worker of ctx, and signals the process
+** group of each, so grandchildren go too: grace > 0 is SIGTERM, up to
+** 'grace' seconds, SIGKILL; grace 0 is SIGKILL at once, and then waits only
+** for the kernel to take the workers down. */
 void mp_terminate_all(mp_Context *ctx, double grace);
+/* ctx:fileno(): the context's epoll, made on first use; -errno. */
+int  mp_watch(mp_Context *ctx);
+/* The context settled: fileno() stays readable (join answers at once). */
+void mp_watch_finish(mp_Context *ctx);
+/* Closes what mp_watch made (the context is being closed). */
+void mp_watch_close(mp_Context *ctx);
 /* Reaps the worker if it has exited (never blocks); 1 when it is exited. */
 int  mp_reap(mp_Worker *w);
 /* Kills and reaps, by pid, a worker whose pidfd could not be had. */
@@ -159,9 +198,12 @@ void mp_exception_new(lua_State *L, const char *tname, int fields);
 #define MP_MAX_ARGS 100000
 
 /* worker.c, in the child: joins its own process group, dies with the parent
-** (exits at once if the parent is already gone), resets SIGINT/SIGTERM and
-** unblocks every signal. */
-void mp_worker_detach(pid_t parent);
+** process (exits at once if the parent is already gone) -- 'lifeline' is the
+** worker's copy of the read end of the context's lifeline pipe --, resets
+** SIGINT/SIGTERM and unblocks every signal. */
+void mp_worker_detach(pid_t parent, int lifeline);
+/* The parent: the lifeline pipe of a new context; 0 or errno. */
+int  mp_lifeline_create(int lifeline[2]);
 /* What a worker knows of itself (mp.current_process): a registry table
 ** {rank=, daemon=}; none in a process that is not a worker. */
 #define MP_WORKER_KEY "multiprocessing.worker"
@@ -234,6 +276,9 @@ static inline void mp_stack_check(lua_State *L, int top, int effect) {
 #endif
 
 /* small helpers shared by the parts (core.c) */
+/* Warns through the library's channel: the handler of
+** mp.set_warning_handler, else one line on stderr. */
+void   mp_warning(lua_State *L, const char *msg);
 double mp_now(void);                     /* CLOCK_MONOTONIC seconds */
 int    mp_push_errno(lua_State *L, const char *what, int err); /* pushes msg */
 int    mp_write_all(int fd, const char *p, size_t n);  /* 0 or errno */
@@ -263,6 +308,13 @@ int  mp_launch(lua_State *L, const char *exe, char *const argv[],
 ** and calls core.<call>. */
 const char *mp_push_executable(lua_State *L);
 void mp_push_bootstrap(lua_State *L, const char *call);
+/* An executable chosen with set_executable has answered once in this
+** state (the defaults always have): no need to wait for its hello. */
+int  mp_executable_verified(lua_State *L, const char *exe);
+/* Waits for the hello byte a worker or forkserver writes to 'fd' when it
+** runs the protocol; EOF or a long silence: an errno with a message
+** naming 'exe' pushed.  0 marks it verified. */
+int  mp_await_hello(lua_State *L, int fd, const char *exe);
 void mp_open_executable(lua_State *L);
 
 /* payload.c: what a fresh worker needs (fn, args, the environment), encoded

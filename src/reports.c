@@ -19,8 +19,9 @@
 ** have all started.
 **
 ** A slot starts with the worker's ledger of file_system references
-** (ledger.c, MP_LEDGER_BYTES, read when the context settles); its report
-** follows.  Rank 0's report and ledger are at the start of the file, so a
+** (ledger.c, MP_LEDGER_BYTES, read when the context settles), then its exit
+** record (the worker's own word on how it left, for when the host reaped
+** it behind our back), then its report.  Rank 0's report and ledger are at the start of the file, so a
 ** single worker writes nowhere near an RLIMIT_FSIZE.
 */
 #include <errno.h>
@@ -38,7 +39,9 @@
 #include "sharing.h"
 
 #define SLOT_SIZE ((off_t)1 << 32)   /* a report may take up to 4 GiB */
-#define MAX_REPORT (SLOT_SIZE - MP_LEDGER_BYTES - (off_t)sizeof(Header))
+#define EXIT_AT    MP_LEDGER_BYTES   /* in a slot: the ExitRecord */
+#define REPORT_AT  (EXIT_AT + (off_t)sizeof(ExitRecord))
+#define MAX_REPORT (SLOT_SIZE - REPORT_AT - (off_t)sizeof(Header))
 #define MAX_REPORT_FDS (1u << 20)    /* more than any process may hold */
 
 typedef struct Header {
@@ -46,6 +49,12 @@ typedef struct Header {
   uint32_t nfds;     /* descriptors sent through the socket before it */
   uint64_t size;
 } Header;
+
+typedef struct ExitRecord {
+  uint32_t magic;    /* EXIT_MAGIC once written */
+  int32_t code;      /* as mp_Worker.exitcode: status, or -signal */
+} ExitRecord;
+#define EXIT_MAGIC 0x45584954u
 
 typedef struct FdHeader {
   int32_t rank;
@@ -172,7 +181,7 @@ static int send_fds(int sock, int rank, const int *fds, size_t nfds) {
 /* --- the file ------------------------------------------------------------ */
 
 static off_t report_at(int rank) {
-  return (off_t)rank * SLOT_SIZE + MP_LEDGER_BYTES;
+  return (off_t)rank * SLOT_SIZE + REPORT_AT;
 }
 
 static int write_at(int fd, const void *p, size_t n, off_t at) {
@@ -282,6 +291,26 @@ void mp_reports_discard(lua_State *L, mp_Reports *r, int n) {
       if (lua_pcall(L, 1, 0, 0) != LUA_OK) lua_pop(L, 1);  /* was not ours */
       mp_report_free(&rep);
     }
+}
+
+/* --- exit records ------------------------------------------------------- */
+
+/* One pwrite of 8 bytes: a reader sees all of it or none. */
+void mp_reports_exit_put(int fd, int rank, int code) {
+  ExitRecord e;
+  e.magic = EXIT_MAGIC;
+  e.code = code;
+  (void)!pwrite(fd, &e, sizeof e, (off_t)rank * SLOT_SIZE + EXIT_AT);
+}
+
+int mp_reports_exit_get(const mp_Reports *r, int rank) {
+  ExitRecord e;
+  if (r->fd < 0 ||
+      pread(r->fd, &e, sizeof e, (off_t)rank * SLOT_SIZE + EXIT_AT) !=
+          (ssize_t)sizeof e ||
+      e.magic != EXIT_MAGIC)
+    return MP_EXIT_UNKNOWN;
+  return e.code;
 }
 
 /* --- ledgers ------------------------------------------------------------- */

@@ -3,6 +3,7 @@
 ** calling process and runs the function in its copy of the Lua state.
 ** Fast, but only safe in a single-threaded host; see "spawn".
 */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -28,12 +29,48 @@ static void wait_at_gate(int gate) {
   close(gate);
 }
 
+/* The threads of this process, or 0 when /proc cannot tell. */
+static int count_threads(void) {
+  DIR *d = opendir("/proc/self/task");
+  struct dirent *e;
+  int n = 0;
+  if (d == NULL) return 0;
+  while ((e = readdir(d)) != NULL)
+    n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+/* fork copies only the calling thread: a lock another thread held (in
+** malloc, stdio, the host's own) stays locked in the child forever.  Said
+** once per Lua state, through the library's warning channel. */
+#define WARNED_KEY "multiprocessing.warned_fork_threads"
+static void warn_if_threaded(lua_State *L) {
+  int n;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, WARNED_KEY) != LUA_TNIL ||
+      (n = count_threads()) <= 1) {
+    lua_pop(L, 1);
+    return;
+  }
+  lua_pop(L, 1);
+  lua_pushboolean(L, 1);
+  lua_setfield(L, LUA_REGISTRYINDEX, WARNED_KEY);
+  lua_pushfstring(L, "start method \"fork\" in a process with %d threads: "
+                     "the workers are forks of this one thread only, and a "
+                     "lock another thread holds (malloc, stdio, the host's) "
+                     "stays locked in them; use start method \"spawn\" or "
+                     "\"forkserver\", which are safe in threaded hosts", n);
+  mp_warning(L, lua_tostring(L, -1));
+  lua_pop(L, 1);
+}
+
 static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
                       int args) {
   pid_t parent = getpid();
   int gate[2] = {-1, -1};
   int i, err = 0;
   (void)ctxidx;  /* a fork keeps nothing: the child has it all */
+  warn_if_threaded(L);
   if (host_may_reap() && pipe2(gate, O_CLOEXEC) != 0)
     return mp_push_errno(L, "pipe", errno);
   /* Anything still buffered would otherwise be printed by every child. */
@@ -47,7 +84,10 @@ static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
     }
     if (pid == 0) {
       mp_ReportTo to;
-      mp_worker_detach(parent);
+      int lifeline = ctx->lifeline[0];
+      close(ctx->lifeline[1]);  /* only the parent may hold the write end */
+      ctx->lifeline[0] = ctx->lifeline[1] = -1;
+      mp_worker_detach(parent, lifeline);
       mp_worker_daemon(L, ctx->daemon);
       if (gate[0] >= 0) {
         close(gate[1]);

@@ -5,10 +5,13 @@
 ** leave with _exit.
 */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "codec.h"
@@ -27,12 +30,92 @@
 ** terminates. */
 #define PARENT_DIED (SIGRTMAX - 2)
 
+/* How the parent's death is noticed: not PR_SET_PDEATHSIG, which follows
+** the *thread* that created the worker (a short-lived thread of the host
+** would take its workers with it), but the context's lifeline pipe.  Only
+** the parent process holds its write end (close-on-exec; a forked worker
+** closes its copy); when the process dies, the kernel closes it, and every
+** reader that asked for O_ASYNC gets the signal chosen with F_SETSIG.  The
+** owner of that signal belongs to an open file, so each worker opens the
+** pipe anew through /proc (its own open file, its own owner). */
+int mp_lifeline_create(int lifeline[2]) {
+  return pipe2(lifeline, O_CLOEXEC) == 0 ? 0 : errno;
+}
+
 static void on_parent_death(int sig) {
   (void)sig;
   kill(0, SIGKILL);                /* the group, the worker included */
 }
 
-void mp_worker_detach(pid_t parent) {
+/* 1 when the lifeline will signal PARENT_DIED to us; closes 'lifeline'. */
+static int hold_lifeline(int lifeline) {
+  char path[64];
+  int fd;
+  snprintf(path, sizeof path, "/proc/self/fd/%d", lifeline);
+  fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  close(lifeline);
+  if (fd < 0) return 0;
+  if (fcntl(fd, F_SETSIG, PARENT_DIED) != 0 ||
+      fcntl(fd, F_SETOWN, getpid()) != 0 ||
+      fcntl(fd, F_SETFL, O_RDONLY | O_NONBLOCK | O_ASYNC) != 0) {
+    close(fd);
+    return 0;
+  }
+  return 1;  /* fd stays open for the worker's life */
+}
+
+/* --- the worker's own exit record ---------------------------------------- */
+
+/* Where this worker writes how it left (reports.c): a host that reaps our
+** workers with waitpid(-1), or ignores SIGCHLD, takes their status from
+** the parent, and kernels before 6.15 do not keep it on the pidfd.  A
+** process of its own has one such record, so it lives in statics (set in
+** the worker only, never in the host). */
+static struct { int fd, rank; pid_t pid; } exit_record = {-1, 0, 0};
+
+static void record_exit(int code) {
+  if (exit_record.fd >= 0 && (pid_t)syscall(SYS_getpid) == exit_record.pid)
+    mp_reports_exit_put(exit_record.fd, exit_record.rank, code);
+}
+
+/* exit() or os.exit(): glibc passes the status. */
+static void on_exit_record(int status, void *arg) {
+  (void)arg;
+  record_exit(status & 0xff);
+}
+
+/* A fatal signal we can catch: recorded, then taken as it would have been.
+** (The check of the pid keeps a child between fork and exec, which has our
+** handlers for a moment, from writing our record.) */
+static void on_fatal_signal(int sig) {
+  record_exit(-sig);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+static void watch_exit(int fd, int rank) {
+  static const int fatal[] = {
+    SIGHUP, SIGINT, SIGQUIT, SIGILL, SIGTRAP, SIGABRT, SIGBUS, SIGFPE,
+    SIGUSR1, SIGSEGV, SIGUSR2, SIGPIPE, SIGALRM, SIGTERM, SIGXCPU, SIGXFSZ,
+    SIGVTALRM, SIGPROF, SIGSYS
+  };
+  size_t i;
+  exit_record.fd = fd;
+  exit_record.rank = rank;
+  exit_record.pid = getpid();
+  on_exit(on_exit_record, NULL);
+  for (i = 0; i < sizeof fatal / sizeof fatal[0]; i++) {
+    struct sigaction sa;
+    if (sigaction(fatal[i], NULL, &sa) != 0 || sa.sa_handler != SIG_DFL)
+      continue;  /* ignored, or the host's (a fork): left alone */
+    sa.sa_handler = on_fatal_signal;
+    sa.sa_flags = 0;
+    sigemptyset(&sa.sa_mask);
+    sigaction(fatal[i], &sa, NULL);
+  }
+}
+
+void mp_worker_detach(pid_t parent, int lifeline) {
   static const int resets[] = {SIGINT, SIGTERM};
   struct sigaction died;
   sigset_t set;
@@ -40,12 +123,14 @@ void mp_worker_detach(pid_t parent) {
   /* Our own process group: Ctrl-C at the terminal reaches the parent only,
   ** and terminating the worker's group takes its children too. */
   setpgid(0, 0);
-  /* Die with the parent; if it died before prctl, nobody will signal us. */
+  /* Die with the parent process; if it died before we listened, nobody
+  ** will signal us: getppid tells.  Without /proc, the parent-death signal
+  ** of the thread that started us is the fallback. */
   memset(&died, 0, sizeof died);
   died.sa_handler = on_parent_death;
   sigemptyset(&died.sa_mask);
   sigaction(PARENT_DIED, &died, NULL);
-  prctl(PR_SET_PDEATHSIG, PARENT_DIED);
+  if (!hold_lifeline(lifeline)) prctl(PR_SET_PDEATHSIG, PARENT_DIED);
   if (getppid() != parent) _exit(1);
   /* As exec would: a handler the parent installed for these is dropped, so
   ** SIGTERM and SIGINT terminate the worker; an ignored signal stays so. */
@@ -276,6 +361,7 @@ void mp_worker_run(lua_State *L, int fn, int args, int rank,
   lua_pushinteger(L, rank);
   lua_setfield(L, -2, "rank");
   lua_pop(L, 1);
+  watch_exit(to->fd, rank);
   mp_sharing_worker(L, getppid());
   mp_ledger_open(L, to->fd, mp_reports_ledger_at(rank));
   /* Nothing may unwind past here: in a fork, what lies below is a copy
@@ -295,5 +381,6 @@ void mp_worker_run(lua_State *L, int fn, int args, int rank,
   /* No __gc runs before _exit: the file_system references our arrays hold
   ** are given back here (the report holds its receiver's own). */
   mp_array_exit(L);
+  record_exit(code);
   _exit(code);
 }

@@ -44,8 +44,8 @@ return setmetatable(M, {
     if name == "SpawnContext" then
       if not warned_spawn_context then
         warned_spawn_context = true
-        warn("multiprocessing.SpawnContext is renamed to ProcessContext; ",
-             "the old name will be removed")
+        core._warn("multiprocessing.SpawnContext is renamed to ProcessContext; " ..
+                   "the old name will be removed")
       end
       return M.ProcessContext
     end
