@@ -380,16 +380,18 @@ static int watch_add(mp_Context *ctx, int fd) {
   return epoll_ctl(ctx->watch, EPOLL_CTL_ADD, fd, &ev) == 0 ? 0 : errno;
 }
 
-/* After each join: the timer for the next step of the ending, the reports'
-** socket out once it is at its end (it would stay readable), and once the
-** context is settled, readable for good: join(0) answers at once. */
+/* After each join, and when the watch is made: the reports' socket out
+** once it is at its end (it would stay readable), and the timer set for
+** what join has to do next -- at once when no worker runs any more (one
+** reaped outside a join), at the ending's next step, or nothing. */
 static void watch_sync(mp_Context *ctx) {
   if (ctx->watch < 0 || ctx->closed) return;
   if (ctx->watch_sock && ctx->reports.eof) {
     unwatch(ctx, ctx->reports.sock);
     ctx->watch_sock = 0;
   }
-  arm_timer(ctx, ctx->ending != MP_END_NONE ? ctx->next_at : INFINITY);
+  arm_timer(ctx, running(ctx) == 0 ? 0
+               : ctx->ending != MP_END_NONE ? ctx->next_at : INFINITY);
 }
 
 void mp_watch_finish(mp_Context *ctx) {
@@ -418,8 +420,10 @@ int mp_watch(mp_Context *ctx) {
     mp_watch_close(ctx);
     return -err;
   }
-  /* Something may be there for join already: let it look. */
-  arm_timer(ctx, 0);
+  if (ctx->closed)
+    arm_timer(ctx, 0);
+  else
+    watch_sync(ctx);
   return ctx->watch;
 }
 

@@ -1,8 +1,11 @@
 /*
 ** embed_host.c -- a host program of the kind that embeds Lua: two
-** lua_States in one process, and a SIGCHLD handler of its own that reaps
-** every child it can (as a careless engine would).  Runs the chunk given
-** as argv[1] in each state, then the chunk argv[2] in each state.
+** lua_States in one process, and its own SIGCHLD handling, as careless
+** engines have it.  Runs the chunk given as argv[1] in each state, then the
+** chunk argv[2] in each state.  argv[3] is the SIGCHLD handling:
+**   reap       (default) a handler that reaps every child with waitpid(-1)
+**   ignore     SIG_IGN: the kernel reaps every child at once
+**   nocldwait  SA_NOCLDWAIT: the same, with the default action
 */
 #include <errno.h>
 #include <signal.h>
@@ -36,10 +39,20 @@ int main(int argc, char **argv) {
   struct sigaction sa;
   lua_State *states[2];
   int i, failed = 0;
-  if (argc != 3) return 2;
+  const char *mode = argc > 3 ? argv[3] : "reap";
+  if (argc != 3 && argc != 4) return 2;
   memset(&sa, 0, sizeof sa);
-  sa.sa_handler = reap_everything;
-  sa.sa_flags = SA_RESTART;
+  if (strcmp(mode, "reap") == 0) {
+    sa.sa_handler = reap_everything;
+    sa.sa_flags = SA_RESTART;
+  } else if (strcmp(mode, "ignore") == 0) {
+    sa.sa_handler = SIG_IGN;
+  } else if (strcmp(mode, "nocldwait") == 0) {
+    sa.sa_handler = SIG_DFL;
+    sa.sa_flags = SA_NOCLDWAIT;
+  } else {
+    return 2;
+  }
   sigaction(SIGCHLD, &sa, NULL);
   for (i = 0; i < 2; i++) {
     states[i] = luaL_newstate();
