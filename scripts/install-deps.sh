@@ -6,6 +6,9 @@ set -eu
 packages="build-essential pkg-config lua5.4 liblua5.4-dev lua-busted clang libclang-rt-dev python3"
 # the cluster engines of spec/onebox_spec.lua (about 10 s to install)
 packages="$packages openmpi-bin mpich slurmctld slurmd slurm-client munge iproute2"
+# luarocks, lua-check: packaging and lint (make check); lua-luv, lua-cqueues:
+# the event-loop examples.
+packages="$packages luarocks lua-check lua-luv lua-cqueues"
 
 missing=""
 for p in $packages; do

@@ -336,3 +336,23 @@ describe("the worker program", function()
     assert.matches("usage", H.sh(exe .. " 2>&1"))
   end)
 end)
+
+-- The event-loop examples, run as a user would: from another directory.
+local HERE = H.sh("pwd"):gsub("\n", "")
+for _, example in ipairs { { file = "luv_wait", lib = "luv" }, { file = "cqueues_wait", lib = "cqueues" } } do
+  describe("examples/" .. example.file .. ".lua", function()
+    H.leak_check(before_each, after_each)
+    for _, method in ipairs(H.methods) do
+      it("waits on ctx:fileno() in its loop under " .. method, function()
+        -- (asked of another interpreter: loading luv here opens its loop's fds)
+        if H.sh(("lua5.4 -e 'require %q' 2>&1"):format(example.lib)) ~= "" then
+          error(example.lib .. " is not installed (sh scripts/install-deps.sh installs it)")
+        end
+        local out = H.sh(("cd / && %s lua5.4 %s/examples/%s.lua %s 2>&1; echo rc=$?"):format(
+          ENV, HERE, example.file, method))
+        assert.matches("^results 0 1 4\nraised: [^\n]*worker 1 cannot go on\nwoken a few times\n" ..
+                       "the loop ran meanwhile: yes\nrc=0\n$", unwarned(out))
+      end)
+    end
+  end)
+end

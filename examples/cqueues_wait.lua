@@ -1,0 +1,74 @@
+-- Waiting for workers in a cqueues controller: a coroutine sleeps in
+-- cqueues.poll on ctx:fileno() while other coroutines run, and calls
+-- join(0) only when the descriptor says it has news.
+--
+--   lua5.4 examples/cqueues_wait.lua [start_method]
+--
+-- (Debian: apt-get install lua-cqueues.)
+
+-- From a checkout, wherever it is run from: its module, after any installed.
+local checkout = (arg and arg[0] or ""):match("^(.-)/?examples/[^/]+$")
+if checkout then
+  checkout = checkout == "" and "." or checkout
+  package.path = package.path .. ";" .. checkout .. "/lua/?.lua;" .. checkout .. "/lua/?/init.lua"
+  package.cpath = package.cpath .. ";" .. checkout .. "/build/?.so"
+end
+
+local cqueues = require "cqueues"
+local mp = require "multiprocessing"
+
+local method = arg[1] or "spawn"
+
+--- What cqueues.poll waits on: an object with :pollfd() and :events().
+local function readable(fd)
+  return { pollfd = function() return fd end, events = function() return "r" end }
+end
+
+--- In a coroutine of the controller: waits for ctx to end; returns
+-- pcall's results of the last join(0, grace), and the number of wake-ups.
+local function wait(ctx, grace)
+  local fd, wakeups = readable(ctx:fileno()), 0
+  while true do
+    cqueues.poll(fd)
+    wakeups = wakeups + 1
+    local ok, done = pcall(ctx.join, ctx, 0, grace)
+    if not ok or done then
+      local result = ok and ctx:results() or done
+      -- cqueues keeps descriptors in its own epoll: tell it before the
+      -- number is closed (and reused by the next context)
+      cqueues.cancel(fd:pollfd())
+      ctx:close()
+      return ok, result, wakeups
+    end
+  end
+end
+
+local cq = cqueues.new()
+local finished, ticks = false, 0
+
+cq:wrap(function()
+  local ok, r = wait(mp.start_processes(function(i)
+    os.execute("sleep 0." .. (i + 1))
+    return i * i
+  end, {}, 3, false, false, method))
+  assert(ok, r)
+  print(("results %d %d %d"):format(r[1], r[2], r[3]))
+  local ok2, e, wakeups = wait(mp.start_processes(function(i)
+    if i == 1 then error("worker 1 cannot go on") end
+    os.execute("sleep 30")
+  end, {}, 3, false, false, method), 0.5)
+  assert(not ok2)
+  print("raised: " .. e.msg:match("[^\n]*$"))
+  print("woken " .. (wakeups < 20 and "a few times" or wakeups .. " times"))
+  finished = true
+end)
+
+cq:wrap(function()   -- something else the controller does meanwhile
+  while not finished do
+    ticks = ticks + 1
+    cqueues.sleep(0.005)
+  end
+end)
+
+assert(cq:loop())
+print("the loop ran meanwhile: " .. (ticks > 0 and "yes" or "no"))
