@@ -7,6 +7,7 @@
 #   make check            both of the above, then one "N passed, N failed" line
 #   make bench            benchmarks against the floors and Python's peers
 #   make example          the example orchestration in examples/
+#   make lint             luacheck on lua/ spec/ examples/ bench/ (.luacheckrc)
 #   make install PREFIX=/usr/local DESTDIR=...
 #   make clean
 
@@ -29,6 +30,8 @@ INSTALL_CMOD ?= $(PREFIX)/lib/lua/5.4
 INSTALL_LMOD ?= $(PREFIX)/share/lua/5.4
 endif
 INSTALL_BIN  ?= $(PREFIX)/bin
+INSTALL_INC  ?= $(PREFIX)/include
+INSTALL_MAN  ?= $(PREFIX)/share/man/man3
 
 WARNINGS = -Wall -Wextra -Werror -Wshadow -Wpointer-arith -Wcast-qual \
            -Wstrict-prototypes -Wmissing-prototypes -Wmissing-declarations \
@@ -59,7 +62,7 @@ CORE_SO  = $(BUILD)/multiprocessing/core.so
 # core.so at run time.
 WORKER   = $(BUILD)/multiprocessing/worker
 
-.PHONY: all test check check-asan fuzz bench example install uninstall clean
+.PHONY: all test check check-asan fuzz bench example lint install uninstall clean
 all: $(CORE_SO) $(WORKER)
 
 $(BUILD)/obj/%.o: src/%.c src/*.h
@@ -105,6 +108,10 @@ example: all
 bench: all
 	sh scripts/bench.sh
 
+LUACHECK ?= luacheck
+lint:
+	$(LUACHECK) -q lua spec examples bench
+
 install: all
 	install -d $(DESTDIR)$(INSTALL_CMOD)/multiprocessing $(DESTDIR)$(INSTALL_LMOD)/multiprocessing
 	install -m 0755 $(CORE_SO) $(DESTDIR)$(INSTALL_CMOD)/multiprocessing/core.so
@@ -116,10 +123,14 @@ install: all
 	  'package.cpath = "$(INSTALL_CMOD)/?.so;" .. package.cpath' \
 	  'return require("multiprocessing.mprun").main(arg)' > $(DESTDIR)$(INSTALL_BIN)/mprun
 	chmod 0755 $(DESTDIR)$(INSTALL_BIN)/mprun
+	install -d $(DESTDIR)$(INSTALL_INC) $(DESTDIR)$(INSTALL_MAN)
+	install -m 0644 src/multiprocessing.h $(DESTDIR)$(INSTALL_INC)/multiprocessing.h
+	install -m 0644 doc/multiprocessing.3 $(DESTDIR)$(INSTALL_MAN)/multiprocessing.3
 
 uninstall:
 	rm -rf $(DESTDIR)$(INSTALL_CMOD)/multiprocessing $(DESTDIR)$(INSTALL_LMOD)/multiprocessing
 	rm -f $(DESTDIR)$(INSTALL_BIN)/mprun
+	rm -f $(DESTDIR)$(INSTALL_INC)/multiprocessing.h $(DESTDIR)$(INSTALL_MAN)/multiprocessing.3
 
 clean:
 	rm -rf build build-asan

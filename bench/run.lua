@@ -76,7 +76,6 @@ end
 -- why.
 local function run(cmd, timeout, label)
   io.stderr:write(string.format("bench: %s ...\n", label or cmd))
-  local t0 = os.time()
   local f = io.popen(string.format("timeout -k 5 %d %s 2>%s", timeout, cmd, ERRFILE))
   local got = 0
   for line in f:lines() do
@@ -357,6 +356,11 @@ for _, m in ipairs { "fork", "spawn", "forkserver" } do
   lua({ "lua_start/" .. m .. "/4" }, "lua_start.lua", m .. " " .. reps(10) .. " 4", 120)
 end
 
+-- Issue 9: the example engine host's frames while workers start, are
+-- polled, fail and are closed (the host's module path is this tree's).
+lua({ "lua_frames/fork", "lua_frames/spawn", "lua_frames/forkserver" }, "lua_frames.lua",
+    tostring(reps(5)), 300)
+
 -- ================================================================ tables
 -- Results of the repeated rounds above are pooled per key.
 section("Issue 2: start+join of N trivial fork workers (function() end)")
@@ -606,6 +610,25 @@ do
                 floor = "lua_start/" .. m .. "/4" })
   end
   tabulate(HEAD, rows)
+end
+
+section("Issue 9: an engine's 60 Hz frame loop (examples/frame_host) during start, polls and a failure")
+do
+  local BUDGET = 1000 / 60
+  print(string.format("worst frame of each run (frame budget %.2f ms), and the worst step of each kind in it;", BUDGET))
+  print("the failure: 4 workers ignoring SIGTERM, one fails; join(0, 0.5) polled each frame until SIGKILL")
+  for _, m in ipairs { "fork", "spawn", "forkserver" } do
+    local rows, k = {}, "lua_frames/" .. m
+    row(rows, { name = "worst frame", key = k, unit = "ms", target = { abs = BUDGET } })
+    row(rows, { name = "worst join(0) step", key = k, field = "join0", unit = "ms", target = { abs = 5 } })
+    row(rows, { name = "close() of TERM-ignoring workers", key = k, field = "close", unit = "ms",
+                target = { abs = 5 } })
+    row(rows, { name = "worst GC step (collects a context)", key = k, field = "gc", unit = "ms",
+                target = { abs = 5 } })
+    print("")
+    print("start method " .. m .. " (spawn, forkserver: the workers are the host binary)")
+    tabulate(HEAD, rows)
+  end
 end
 
 print("")

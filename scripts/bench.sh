@@ -15,6 +15,11 @@ LUA_CFLAGS=$(pkg-config --cflags lua5.4 2>/dev/null)
 # shellcheck disable=SC2086
 "$CC" -O2 -shared -fPIC $LUA_CFLAGS -o build/bench/benchclock.so bench/benchclock.c ||
     echo "bench: could not build the clock module (Lua rows will be skipped)"
+# The embedding row's host: the example engine host (examples/frame_host.c).
+# shellcheck disable=SC2086
+"$CC" -O2 -std=c99 -D_GNU_SOURCE -Isrc -o build/bench/frame_host examples/frame_host.c \
+    $LUA_CFLAGS $(pkg-config --libs lua5.4 2>/dev/null) -lpthread ||
+    echo "bench: could not build the frame host (its rows will be skipped)"
 export LUA
 "$LUA" bench/run.lua || echo "bench: the driver failed (status $?)"
 exit 0

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "mp.h"
+#include "multiprocessing.h"
 #include "sharing.h"
 
 double mp_now(void) {
@@ -111,6 +112,8 @@ int luaopen_multiprocessing_core(lua_State *L) {
     {NULL, NULL}
   };
   luaL_newlib(L, funcs);
+  lua_pushliteral(L, LMP_VERSION);   /* the one place the version is */
+  lua_setfield(L, -2, "_VERSION");
   mp_open_signames(L);
   mp_open_codec(L);
   mp_open_exception(L);

@@ -49,6 +49,8 @@
 #include "lauxlib.h"
 #include "lualib.h"
 
+/* The library's version: the one place it is written (mp._VERSION, the
+** rockspec's name and the CHANGELOG follow it). */
 #define LMP_VERSION "0.2.0"
 
 /* The worker protocol's command line is `<exe> -e <chunk>`, with chunk

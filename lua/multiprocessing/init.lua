@@ -12,7 +12,8 @@ for name, value in pairs(core) do
   if name:sub(1, 1) ~= "_" then M[name] = value end
 end
 
-M._VERSION = "0.1.0"
+-- The version is kept in one place, multiprocessing.h (LMP_VERSION).
+M._VERSION = core._VERSION
 
 -- mp.world(): rank, world size, node and launcher of this process.
 M.world = require("multiprocessing.world").world
