@@ -1,15 +1,18 @@
 /*
 ** launch.c -- starting an executable the way an embedded library must:
-** safe in a threaded host, invisible to the host's SIGCHLD handling.
+** safe in a threaded host, holding its pidfd from the first instant.
 **
 ** clone(CLONE_VM | CLONE_VFORK) then execve, as posix_spawn does: no page
 ** tables are copied and the parent waits only until the exec.  Unlike
-** posix_spawn we also get
-**   - CLONE_PIDFD: the pidfd is created with the process, so there is no
-**     window in which the pid could be reaped and reused before we hold it;
-**   - exit signal 0: the host gets no SIGCHLD, a host that ignores SIGCHLD
-**     does not auto-reap it, and waitpid(-1) (without __WALL) does not see
-**     it.  Only our waitid(P_PIDFD, ..., __WALL) reaps it.
+** posix_spawn we also get CLONE_PIDFD: the pidfd is created with the
+** process, so there is no window in which the pid could be reaped and
+** reused before we hold it.  The clone asks for exit signal 0, but execve
+** resets a process's exit signal to SIGCHLD: a spawned worker (and the
+** forkserver, and its CLONE_PARENT workers) does raise SIGCHLD in the host,
+** and a host that reaps with waitpid(-1) or ignores SIGCHLD may take its
+** status.  That is why every worker records its own exit status in its
+** report slot (worker.c, reports.c), which join reads when the kernel kept
+** none on the pidfd.
 **
 ** The child shares our memory until it execs, so it may only make raw
 ** system calls: no malloc, no locks, no glibc wrappers that keep state

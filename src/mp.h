@@ -296,8 +296,8 @@ void   mp_new_class(lua_State *L, const char *tname, const luaL_Reg *meta,
 
 /* launch.c: starts 'exe' with 'argv' (NULL-terminated) in its own process
 ** group, with fds[i] as descriptor 3 + i and no other of ours above 2,
-** exit signal 0 and a pidfd made with it.  0, or an errno with a message
-** pushed. */
+** and a pidfd made with it (the exec makes its exit signal SIGCHLD
+** again).  0, or an errno with a message pushed. */
 #define MP_LAUNCH_MAXFDS 256
 int  mp_launch(lua_State *L, const char *exe, char *const argv[],
                const int *fds, int nfds, pid_t *pid, int *pidfd);
