@@ -102,8 +102,10 @@ FUZZ_TIME ?= 20
 fuzz:
 	$(MAKE) -f fuzz/Makefile fuzz FUZZ_TIME=$(FUZZ_TIME)
 
+# Examples use the installed module; here, this tree's.
+EXAMPLE_ENV = LUA_PATH="./lua/?.lua;./lua/?/init.lua;;" LUA_CPATH="./$(BUILD)/?.so;;"
 example: all
-	$(LUA) examples/pipeline.lua
+	$(EXAMPLE_ENV) $(LUA) examples/pipeline.lua
 
 bench: all
 	sh scripts/bench.sh

@@ -6,14 +6,6 @@
 --
 -- (Debian: apt-get install lua-cqueues.)
 
--- From a checkout, wherever it is run from: its module, after any installed.
-local checkout = (arg and arg[0] or ""):match("^(.-)/?examples/[^/]+$")
-if checkout then
-  checkout = checkout == "" and "." or checkout
-  package.path = package.path .. ";" .. checkout .. "/lua/?.lua;" .. checkout .. "/lua/?/init.lua"
-  package.cpath = package.cpath .. ";" .. checkout .. "/build/?.so"
-end
-
 local cqueues = require "cqueues"
 local mp = require "multiprocessing"
 

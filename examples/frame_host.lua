@@ -13,14 +13,6 @@
 --    collector's incremental steps, 5. two more still running at lua_close.
 -- Every step is timed; the medians and maxima are printed at the end.
 
--- From a checkout, wherever it is run from: its module, after any installed.
-local checkout = (arg and arg[0] or ""):match("^(.-)/?examples/[^/]+$")
-if checkout then
-  checkout = checkout == "" and "." or checkout
-  package.path = package.path .. ";" .. checkout .. "/lua/?.lua;" .. checkout .. "/lua/?/init.lua"
-  package.cpath = package.cpath .. ";" .. checkout .. "/build/?.so"
-end
-
 local mp = require "multiprocessing"
 local host = require "host"
 

@@ -7,8 +7,7 @@
 -- Stage 2 merges the results in the parent.  Stage 3 shows failure handling:
 -- one worker hits a file it cannot read, the group is taken down, and the
 -- parent gets the worker's error and traceback as an exception object.
-package.path = "./lua/?.lua;./lua/?/init.lua;" .. package.path
-package.cpath = "./build/?.so;" .. package.cpath
+
 local mp = require "multiprocessing"
 
 local root = arg[1] or "."

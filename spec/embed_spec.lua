@@ -36,8 +36,13 @@ local function unwarned(out)
   return (out:gsub("lua%-multiprocessing: warning: start method \"fork\"[^\n]*\n", ""))
 end
 
--- The environment of a child host: our module first, as busted has it.
-local ENV = ("LUA_PATH=%q LUA_CPATH=%q"):format(package.path, package.cpath)
+-- The environment of a child host or example, wherever it runs: our module
+-- first, as busted has it, with this tree's relative entries made absolute.
+local HERE = H.sh("pwd"):gsub("\n", "")
+local function absolute(path)
+  return (";" .. path):gsub(";%./", ";" .. HERE .. "/"):sub(2)
+end
+local ENV = ("LUA_PATH=%q LUA_CPATH=%q"):format(absolute(package.path), absolute(package.cpath))
 
 --- Waits until none of 'pids' is alive (they are not our children: an
 -- orphan is reaped by init); returns the ones still alive.
@@ -204,7 +209,7 @@ for _, method in ipairs(H.methods) do
     it("never stalls a frame: start, join(0), close, GC and lua_close with TERM-ignoring workers", function()
       local pidfile = os.tmpname()
       local out = H.sh(("cd / && %s %s %s/examples/frame_host.lua %s %s 2>&1; echo rc=$?"):format(
-        ENV, frame_host, H.sh("pwd"):gsub("\n", ""), method, pidfile))
+        ENV, frame_host, HERE, method, pidfile))
       local pids = read_pids(pidfile)
       os.remove(pidfile)
       assert.matches("rc=0\n$", out)
@@ -338,7 +343,6 @@ describe("the worker program", function()
 end)
 
 -- The event-loop examples, run as a user would: from another directory.
-local HERE = H.sh("pwd"):gsub("\n", "")
 for _, example in ipairs { { file = "luv_wait", lib = "luv" }, { file = "cqueues_wait", lib = "cqueues" } } do
   describe("examples/" .. example.file .. ".lua", function()
     H.leak_check(before_each, after_each)
