@@ -10,7 +10,8 @@
 --    returns false frame after frame while the others get 0.5 s on their
 --    own, then SIGTERM, then (0.5 s later) SIGKILL -- then raises;
 -- 3. close() of two such workers, 4. two more left to the garbage
---    collector's incremental steps, 5. two more still running at lua_close.
+--    collector's incremental steps (3 and 4 three times each), 5. two more
+--    still running at lua_close.
 -- Every step is timed; the medians and maxima are printed at the end.
 
 local mp = require "multiprocessing"
@@ -64,7 +65,7 @@ local function alive(pid)
   return state ~= "Z"
 end
 
-local phase, ctx, polls, pids, left = "results", nil, 0, nil, nil
+local phase, ctx, polls, pids, left, rounds = "results", nil, 0, nil, nil, 0
 local frames = {
   results = function()
     ctx = ctx or start(compute, {}, 4)
@@ -100,7 +101,9 @@ local frames = {
   gc = function()
     if not pids then pids = start(stubborn, { -1 }, 2):pids() end
     timed("gc", collectgarbage, "step")
-    if not alive(pids[1]) and not alive(pids[2]) then phase = "state" end
+    if alive(pids[1]) or alive(pids[2]) then return end
+    pids, rounds, left = nil, rounds + 1, 3
+    phase = rounds < 3 and "close" or "state"
   end,
   state = function()
     _G.still_running = start(stubborn, { -1 }, 2)   -- lua_close ends them

@@ -189,7 +189,8 @@ for _, method in ipairs(H.methods) do
       assert.are.equal(2, #pids)
       assert.are.same({}, survivors(pids))
       assert.is_true(H.eventually(function()
-        return H.sh("pgrep -f '^sleep " .. tag .. "' || true") == ""
+        -- (pgrep deadlocks at start with the sanitizer's runtime preloaded)
+        return H.sh("env -u LD_PRELOAD pgrep -f '^sleep " .. tag .. "' || true") == ""
       end, 10))
     end)
   end)
@@ -231,8 +232,8 @@ for _, method in ipairs(H.methods) do
       end
       local close_state = tonumber(out:match("lua_close ([%d.]+) ms"))
       assert.is_true(close_state < 250, out)
-      -- 4 + 4 + 2 + 2 + 2 workers, every one gone
-      assert.are.equal(14, #pids)
+      -- 4 + 4 + 3 x 2 + 3 x 2 + 2 workers, every one gone
+      assert.are.equal(22, #pids)
       assert.are.same({}, survivors(pids))
       -- fork in a host with two threads: warned once, naming the safe methods
       local _, warnings = out:gsub("start method \"fork\" in a process with %d+ threads", "")
