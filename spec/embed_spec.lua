@@ -243,7 +243,10 @@ for _, method in ipairs(H.methods) do
       end
     end)
 
-    it("ctx:fileno() is readable with poll(2) exactly when join(0) has news", function()
+    -- An exiting worker closes its descriptors before it becomes reapable:
+    -- the reports' socket may end (and wake the loop once) a moment before
+    -- the worker's pidfd is readable.
+    it("ctx:fileno() is readable with poll(2) when join(0) has news", function()
       local script = H.script(([[
         local mp = require "multiprocessing"
         local host = require "host"
@@ -259,7 +262,12 @@ for _, method in ipairs(H.methods) do
         assert(ctx:join(0) == false)
         assert(not host.poll(fd, 0), "still readable after join(0) took the news")
         assert(host.poll(fd, 20000), "worker 1 exited")
-        assert(ctx:join(0) == true)
+        local wakes = 1
+        while not ctx:join(0) do
+          assert(host.poll(fd, 20000), "worker 1 is reapable")
+          wakes = wakes + 1
+        end
+        assert(wakes <= 2, "woken " .. wakes .. " times for one exit")
         assert(host.poll(fd, 0), "readable for good once settled")
         print("results", ctx:results()[1], ctx:results()[2])
         ctx:close()

@@ -644,28 +644,29 @@ static int raise_failure(lua_State *L, int ctxidx) {
   return lua_error(L);
 }
 
+/* Every worker is reaped: settles the context with its results, or its
+** failure, which is raised. */
 static int finish_join(lua_State *L, mp_Context *ctx, int ctxidx) {
+  int failed;
   if (ctx->ending == MP_END_NONE && !ctx->interrupted) {
     lua_getiuservalue(L, ctxidx, 1);
     if (!read_results(L, ctx, lua_gettop(L))) {
       lua_remove(L, -2);
       settle(L, ctx, ctxidx);
-      watch_sync(ctx);
       return raise_failure(L, ctxidx);
     }
     lua_pop(L, 1);
     lua_pushnil(L);
     settle(L, ctx, ctxidx);
-    watch_sync(ctx);
     return 1;
   }
-  if (ctx->interrupted)
+  failed = first_failure(ctx);
+  if (ctx->interrupted || failed < 0)  /* (an ending has a cause: one of them) */
     lua_pushliteral(L, "interrupted! (SIGINT during join: every worker was "
                        "terminated and reaped)");
   else
-    push_failure(L, ctx, first_failure(ctx));
+    push_failure(L, ctx, failed);
   settle(L, ctx, ctxidx);
-  watch_sync(ctx);
   return raise_failure(L, ctxidx);
 }
 
