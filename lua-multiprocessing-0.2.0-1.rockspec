@@ -34,6 +34,7 @@ build = {
   install_variables = {
     INSTALL_CMOD = "$(LIBDIR)",
     INSTALL_LMOD = "$(LUADIR)",
+    INSTALL_BIN = "$(BINDIR)",
     INSTALL_INC = "$(PREFIX)/include",
     INSTALL_MAN = "$(PREFIX)/doc/man3",
   },
