@@ -332,20 +332,20 @@ static int ctx_results(lua_State *L) {
 ** a frame is never blocked by a worker that ignores SIGTERM.  close(g)
 ** asks for SIGTERM and up to g seconds before SIGKILL, and waits for it.
 ** For a graceful end that never blocks, poll join(0) instead. */
-static int ctx_close(lua_State *L) {
+static int end_context(lua_State *L, double grace) {
   mp_Context *ctx = mp_checkcontext(L, 1);
-  mp_context_close(L, ctx, check_seconds(L, 2, "grace_period", 0));
+  mp_context_close(L, ctx, grace);
   mp_watch_close(ctx);
   mp_payload_release(L, 1);
   return 0;
 }
 
+static int ctx_close(lua_State *L) {
+  return end_context(L, check_seconds(L, 2, "grace_period", 0));
+}
+
 static int ctx_gc(lua_State *L) {
-  mp_Context *ctx = mp_checkcontext(L, 1);
-  mp_context_close(L, ctx, 0);
-  mp_watch_close(ctx);
-  mp_payload_release(L, 1);
-  return 0;
+  return end_context(L, 0);
 }
 
 /* fileno(): a descriptor that becomes readable when join(0) has something
