@@ -10,12 +10,15 @@ local function documented(pattern)
   return doc:find(pattern, 1, true) ~= nil
 end
 
---- The methods of an object: its metatable's method table.
+--- The public methods of an object: its metatable's method table.
 local function methods(obj)
   local mt = getmetatable(obj)
   local t = type(mt.__methods) == "table" and mt.__methods or mt.__index
   local names = {}
-  for name in pairs(type(t) == "table" and t or {}) do names[#names + 1] = name end
+  for name in pairs(type(t) == "table" and t or {}) do
+    -- "_" starts metamethods and internal entries: not public names
+    if name:sub(1, 1) ~= "_" then names[#names + 1] = name end
+  end
   table.sort(names)
   return names
 end
@@ -35,11 +38,14 @@ describe("the API reference", function()
   it("names every method of every object", function()
     local a, b = mp.Pipe()
     local ctx = mp.start_processes(function() end, {}, 1, false, false, "fork")
+    local pool = mp.Pool(1, { start_method = "fork" })
+    local async = pool:apply_async(function() return 1 end)
+    assert.are.equal(1, async:get(30))
     local objects = {
       Queue = mp.Queue(), SimpleQueue = mp.SimpleQueue(), Array = mp.Array("int", 2),
       Value = mp.Value("int", 0), Lock = mp.Lock(), RLock = mp.RLock(), Semaphore = mp.Semaphore(1),
       Event = mp.Event(), Barrier = mp.Barrier(1), Condition = mp.Condition(), Connection = a,
-      ProcessContext = ctx, Process = ctx.processes[1],
+      ProcessContext = ctx, Process = ctx.processes[1], Pool = pool, AsyncResult = async,
     }
     local missing = {}
     for kind, obj in pairs(objects) do
@@ -48,6 +54,9 @@ describe("the API reference", function()
       end
     end
     assert.is_true(ctx:join())
+    objects.Pool, objects.AsyncResult = nil, nil
+    pool:close()
+    pool:join()
     for _, obj in pairs(objects) do if obj.close then obj:close() end end
     b:close()
     table.sort(missing)
