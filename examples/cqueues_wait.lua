@@ -1,6 +1,7 @@
 -- Waiting for workers in a cqueues controller: a coroutine sleeps in
 -- cqueues.poll on ctx:fileno() while other coroutines run, and calls
--- join(0) only when the descriptor says it has news.
+-- join(0) only when the descriptor says it has news; another reads a Queue
+-- the workers report on when q:fileno() says it may have an item.
 --
 --   lua5.4 examples/cqueues_wait.lua [start_method]
 --
@@ -37,14 +38,33 @@ end
 
 local cq = cqueues.new()
 local finished, ticks = false, 0
+local q = mp.Queue()
+local reports = 0
+
+cq:wrap(function()   -- the queue's reader, until the item "end"
+  local fd = readable(q:fileno())
+  repeat
+    cqueues.poll(fd)
+    local item
+    repeat
+      item = q:get_nowait()
+      if item ~= nil and item ~= "end" then reports = reports + 1 end
+    until item == nil or item == "end"
+  until item == "end"
+  cqueues.cancel(fd:pollfd())
+  print(("queue items %d, read when its descriptor woke the reader"):format(reports))
+end)
 
 cq:wrap(function()
-  local ok, r = wait(mp.start_processes(function(i)
+  local ok, r = wait(mp.start_processes(function(i, queue)
     os.execute("sleep 0." .. (i + 1))
+    queue:put(("worker %d done"):format(i))
     return i * i
-  end, {}, 3, false, false, method))
+  end, { q }, 3, false, false, method))
   assert(ok, r)
   print(("results %d %d %d"):format(r[1], r[2], r[3]))
+  q:put("end")
+  cqueues.sleep(0)   -- let the reader finish first
   local ok2, e, wakeups = wait(mp.start_processes(function(i)
     if i == 1 then error("worker 1 cannot go on") end
     os.execute("sleep 30")
@@ -63,4 +83,5 @@ cq:wrap(function()   -- something else the controller does meanwhile
 end)
 
 assert(cq:loop())
+q:close()
 print("the loop ran meanwhile: " .. (ticks > 0 and "yes" or "no"))

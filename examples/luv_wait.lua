@@ -1,6 +1,7 @@
 -- Waiting for workers inside a libuv event loop (luv): the loop sleeps in
 -- epoll until ctx:fileno() says join(0) has news -- a worker exited, or the
--- next step of a termination is due -- and never blocks on the workers.
+-- next step of a termination is due -- or q:fileno() that a Queue may have
+-- an item, and never blocks on the workers or the queue.
 --
 --   lua5.4 examples/luv_wait.lua [start_method]
 --
@@ -32,8 +33,20 @@ local ticks = 0
 local ticker = uv.new_timer()
 ticker:start(5, 5, function() ticks = ticks + 1 end)
 
-local function squares(i)
+-- The workers report on a Queue as they go; the loop reads it when its
+-- descriptor is readable, with get_nowait until it is empty.
+local q = mp.Queue()
+local reports, by_fd = 0, 0
+local qpoll = uv.new_poll(q:fileno())
+qpoll:start("r", function()
+  while q:get_nowait() ~= nil do
+    reports, by_fd = reports + 1, by_fd + 1
+  end
+end)
+
+local function squares(i, queue)
   os.execute("sleep 0." .. (i + 1))
+  queue:put(("worker %d done"):format(i))
   return i * i
 end
 
@@ -42,9 +55,14 @@ local function one_fails(i)
   os.execute("sleep 30")     -- terminated when worker 1 fails
 end
 
-watch(mp.start_processes(squares, {}, 3, false, false, method), nil, function(ok, r)
+watch(mp.start_processes(squares, { q }, 3, false, false, method), nil, function(ok, r)
   assert(ok, r)
   print(("results %d %d %d"):format(r[1], r[2], r[3]))
+  while q:get_nowait() ~= nil do reports = reports + 1 end  -- any left
+  print(("queue items %d, read when its descriptor woke the loop: %s"):format(
+    reports, by_fd > 0 and "yes" or "none"))
+  qpoll:stop()
+  qpoll:close()
   watch(mp.start_processes(one_fails, {}, 3, false, false, method), 0.5, function(ok2, e, wakeups)
     assert(not ok2)
     print("raised: " .. e.msg:match("[^\n]*$"))
@@ -55,4 +73,5 @@ watch(mp.start_processes(squares, {}, 3, false, false, method), nil, function(ok
 end)
 
 uv.run()
+q:close()
 print("the loop ran meanwhile: " .. (ticks > 0 and "yes" or "no"))

@@ -42,7 +42,8 @@ describe("the API reference", function()
     local async = pool:apply_async(function() return 1 end)
     assert.are.equal(1, async:get(30))
     local objects = {
-      Queue = mp.Queue(), SimpleQueue = mp.SimpleQueue(), Array = mp.Array("int", 2),
+      Queue = mp.Queue(), SimpleQueue = mp.SimpleQueue(), JoinableQueue = mp.JoinableQueue(),
+      Array = mp.Array("int", 2),
       Value = mp.Value("int", 0), Lock = mp.Lock(), RLock = mp.RLock(), Semaphore = mp.Semaphore(1),
       Event = mp.Event(), Barrier = mp.Barrier(1), Condition = mp.Condition(), Connection = a,
       ProcessContext = ctx, Process = ctx.processes[1], Pool = pool, AsyncResult = async,

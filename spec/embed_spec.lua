@@ -356,14 +356,16 @@ for _, example in ipairs { { file = "luv_wait", lib = "luv" }, { file = "cqueues
   describe("examples/" .. example.file .. ".lua", function()
     H.leak_check(before_each, after_each)
     for _, method in ipairs(H.methods) do
-      it("waits on ctx:fileno() in its loop under " .. method, function()
+      it("waits on ctx:fileno() and a Queue's fileno() in its loop under " .. method, function()
         -- (asked of another interpreter: loading luv here opens its loop's fds)
         if H.sh(("lua5.4 -e 'require %q' 2>&1"):format(example.lib)) ~= "" then
           error(example.lib .. " is not installed (sh scripts/install-deps.sh installs it)")
         end
-        local out = H.sh(("cd / && %s lua5.4 %s/examples/%s.lua %s 2>&1; echo rc=$?"):format(
+        local out = H.sh(("cd / && %s timeout 120 lua5.4 %s/examples/%s.lua %s 2>&1; echo rc=$?"):format(
           ENV, HERE, example.file, method))
-        assert.matches("^results 0 1 4\nraised: [^\n]*worker 1 cannot go on\nwoken a few times\n" ..
+        assert.is_falsy(out:find("woke the loop: none", 1, true), out)
+        assert.matches("^results 0 1 4\nqueue items 3, read when its descriptor woke [^\n]*\n" ..
+                       "raised: [^\n]*worker 1 cannot go on\nwoken a few times\n" ..
                        "the loop ran meanwhile: yes\nrc=0\n$", unwarned(out))
       end)
     end
