@@ -955,10 +955,16 @@ static int bar_change(lua_State *L, int reset) {
 static int bar_abort(lua_State *L) { return bar_change(L, 0); }
 static int bar_reset(lua_State *L) { return bar_change(L, 1); }
 
+/* The fields need the header; the methods (close among them) are found
+** on a closed Barrier too, as on the other kinds. */
 static int bar_index(lua_State *L) {
-  SyncHdr *h = hdr_of(tosync(L, 1, K_BARRIER));
+  SyncHdr *h;
   const char *k = lua_tostring(L, 2);
-  int32_t state = __atomic_load_n(&h->state, __ATOMIC_ACQUIRE);
+  int32_t state;
+  mp_push_method(L);
+  if (!lua_isnil(L, -1)) return 1;
+  h = hdr_of(tosync(L, 1, K_BARRIER));
+  state = __atomic_load_n(&h->state, __ATOMIC_ACQUIRE);
   if (k && strcmp(k, "parties") == 0)
     lua_pushinteger(L, h->parties);
   else if (k && strcmp(k, "n_waiting") == 0)
@@ -969,7 +975,7 @@ static int bar_index(lua_State *L) {
   else if (k && strcmp(k, "timeout") == 0 && h->timeout >= 0)
     lua_pushnumber(L, h->timeout);
   else
-    mp_push_method(L);
+    lua_pushnil(L);
   return 1;
 }
 
