@@ -1,0 +1,580 @@
+-- The reliability audit, before it happens: kills at awkward moments,
+-- stopped workers, signal storms, resource limits, hostile values,
+-- descriptors a worker tampers with, use after close, the end of a state.
+-- Every spec checks for leaks; deadlines are only hang guards.
+local mp = require "multiprocessing"
+local H = require "helpers"
+
+local HERE = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "spec"
+
+--- Compiles spec/host/<name>.c (a program, or a module with 'module')
+-- into a temporary directory; returns its path, or nil and the compiler's
+-- output.
+local function compile(name, module)
+  local dir = os.tmpname()
+  os.remove(dir)
+  os.execute("mkdir -p " .. dir)
+  local out = dir .. "/" .. name .. (module and ".so" or "")
+  local cmd = ("cc -std=c99 -D_GNU_SOURCE %s -o %s %s/host/%s.c " ..
+               "$(pkg-config --cflags lua5.4) %s 2>&1"):format(
+    module and "-shared -fPIC" or "", out, HERE, name,
+    module and "" or "$(pkg-config --libs lua5.4) -lpthread")
+  local text = H.sh(cmd)
+  if not os.execute("test -x " .. out .. " -o -f " .. out) then
+    return nil, text
+  end
+  return out, dir
+end
+
+--- Runs a Lua script (our paths first) in a child interpreter through 'sh
+-- -c' with 'prefix' before it (ulimits, prlimit); returns its output.
+local function run_child(body, prefix)
+  local script = H.script(body)
+  os.execute("chmod 644 " .. script)   -- 'prefix' may change the user
+  local out = H.sh(("%s lua5.4 %s 2>&1"):format(prefix or "", script))
+  os.remove(script)
+  return out
+end
+
+local function kill(pid, sig)
+  os.execute(("kill -%s %d 2>/dev/null"):format(sig or "KILL", pid))
+end
+
+--- Waits (hang guard only) until the worker of rank 'rank' (1-based) of
+-- ctx is gone, then settles the context (its failure is expected).
+local function settle_killed(ctx, rank)
+  assert(H.eventually(function() return not ctx.processes[rank]:is_alive() end, 30))
+  pcall(ctx.join, ctx, 60)
+end
+
+for _, method in ipairs(H.methods) do
+  local function start(fn, args, n, join)
+    return mp.start_processes(fn, args or {}, n or 1, join, false, method)
+  end
+
+  describe("audit: how workers end, " .. method .. ":", function()
+    H.leak_check(before_each, after_each)
+
+    it("odd exit codes: 255, -1 is 255, true is success, false is 1", function()
+      local function code(c)
+        local ok, e = pcall(start, function(_, x) os.exit(x) end, { c })
+        if ok then return 0 end
+        assert.is_true(mp.isinstance(e, mp.ProcessExitedException), tostring(e))
+        return e.exit_code
+      end
+      assert.are.equal(255, code(255))
+      assert.are.equal(255, code(-1))
+      assert.are.equal(0, code(true))
+      assert.are.equal(1, code(false))
+    end)
+
+    it("error(nil), a __tostring that raises, yield across fn: exception objects", function()
+      local bodies = {
+        function() error(nil) end,
+        function() error(setmetatable({}, { __tostring = error })) end,
+        function() error(setmetatable({}, { __tostring = function() return {} end })) end,
+        function() coroutine.yield(1) end,
+        function() return coroutine.wrap(function() error({ code = 7 }) end)() end,
+      }
+      for k, body in ipairs(bodies) do
+        local ok, e = pcall(start, body, {}, 2)
+        assert.is_false(ok)
+        assert.is_true(mp.isinstance(e, mp.ProcessRaisedException), k .. ": " .. tostring(e))
+        assert.truthy(e.msg:find("terminated with the following error", 1, true), e.msg)
+        if k == 5 then assert.are.equal(7, e.value.code) end
+      end
+    end)
+
+    it("a result or error it cannot send is a clear exception, not a crash", function()
+      local ok, e = pcall(start, function()
+        local t = {}
+        local c = t
+        for _ = 1, 200000 do c[1] = {}; c = c[1] end
+        return t
+      end)
+      assert.is_false(ok)
+      assert.truthy(tostring(e):find("nesting too deep", 1, true), tostring(e))
+      ok, e = pcall(start, function() return coroutine.create(print) end)
+      assert.truthy(tostring(e):find("cannot send result (thread)", 1, true), tostring(e))
+      ok, e = pcall(start, function()
+        error({ code = 1, f = function() end, co = coroutine.create(print), u = io.stdout })
+      end)
+      assert.is_false(ok)
+      assert.are.same({ code = 1, f = "<function>", co = "<thread>", u = "<userdata>" }, e.value)
+    end)
+
+    it("cyclic and big results and errors arrive whole", function()
+      local r = start(function(i)
+        local t = { i = i, s = string.rep("x", 4 << 20) }
+        t.self = t
+        t[t] = t
+        return t
+      end, {}, 2)
+      for rank = 1, 2 do
+        local t = r[rank]
+        assert.are.equal(rank - 1, t.i)
+        assert.are.equal(4 << 20, #t.s)
+        assert.are.equal(t, t.self)
+        assert.are.equal(t, t[t])
+      end
+      local ok, e = pcall(start, function() local t = {}; t.me = t; error(t) end)
+      assert.is_false(ok)
+      assert.are.equal(e.value, e.value.me)
+    end)
+
+    it("nested start_processes inside workers, and an inner failure", function()
+      local r = start(function(i, m)
+        local mp2 = require "multiprocessing"
+        local inner = mp2.start_processes(function(j, k) return k * 10 + j end, { i }, 3, true, false, m)
+        return inner[1] + inner[2] + inner[3]
+      end, { method }, 2)
+      assert.are.same({ 3, 33, n = 2 }, r)
+      local ok, e = pcall(start, function(_, m)
+        local mp2 = require "multiprocessing"
+        mp2.start_processes(function(j) if j == 1 then error("inner failure") end end,
+                            {}, 2, true, false, m)
+      end, { method })
+      assert.is_false(ok)
+      assert.truthy(e.msg:find("inner failure", 1, true), e.msg)
+    end)
+
+    it("join(0) polling loops until every worker is done", function()
+      local ctx = start(function(i) os.execute("sleep 0." .. (i + 1)) return i end, {}, 3, false)
+      local polls = 0
+      while not ctx:join(0) do polls = polls + 1 end
+      assert.is_true(polls > 0)
+      assert.are.same({ 0, 1, 2, n = 3 }, ctx:results())
+      ctx:close()
+      assert.is_true(ctx:join())
+    end)
+  end)
+
+  describe("audit: SIGKILL of workers in the middle of things, " .. method .. ":", function()
+    H.leak_check(before_each, after_each)
+
+    -- starts one worker that runs 'body(obj, q)' after saying "ready",
+    -- SIGKILLs it once it did, and settles the context
+    local function kill_after_ready(body, obj)
+      local q = mp.Queue()
+      local ctx = start(function(_, o, qq, b)
+        b(o, qq)
+        os.execute("sleep 60")
+      end, { obj, q, body }, 1, false)
+      assert.are.equal("ready", q:get(60))
+      kill(ctx:pids()[1])
+      settle_killed(ctx, 1)
+      q:close()
+    end
+
+    it("an RLock held 3 levels, a Condition's lock, a Value's lock come back", function()
+      local rl, cv, v = mp.RLock(), mp.Condition(), mp.Value("int64", 0)
+      kill_after_ready(function(o, q) o:acquire(); o:acquire(); o:acquire(); q:put("ready") end, rl)
+      kill_after_ready(function(o, q) o:acquire(); q:put("ready") end, cv)
+      kill_after_ready(function(o, q) o:get_lock():acquire(); q:put("ready") end, v)
+      for _, lock in ipairs({ rl, cv, v:get_lock() }) do
+        assert.are.same({ true, "previous owner died" }, { lock:acquire(60) })
+        lock:release()
+        assert.has_error(function() lock:release() end)
+        assert.is_true(lock:acquire(0))
+        lock:release()
+      end
+    end)
+
+    it("a Condition waiter killed in wait does not swallow notify(1)", function()
+      local cv, q = mp.Condition(), mp.Queue()
+      local ctx = start(function(i, c, qq)
+        c:acquire()
+        qq:put(i)
+        local ok = c:wait(120)
+        c:release()
+        qq:put({ i, ok })
+      end, { cv, q }, 2, false)
+      local seen = { [q:get(60)] = true, [q:get(60)] = true }
+      assert.is_true(seen[0] and seen[1])
+      cv:acquire(); cv:release()   -- both hold the lock until inside wait
+      kill(ctx:pids()[1])
+      assert(H.eventually(function() return not ctx.processes[1]:is_alive() end, 30))
+      cv:acquire()
+      cv:notify(1)
+      cv:release()
+      assert.are.same({ 1, true }, q:get(60))
+      local ok, e = pcall(ctx.join, ctx, 60)
+      assert.is_false(ok)
+      assert.are.equal("SIGKILL", e.signal_name)
+    end)
+
+    it("an Event or Semaphore waiter killed in wait leaves them working", function()
+      local ev, sem = mp.Event(), mp.Semaphore(0)
+      kill_after_ready(function(o, q) q:put("ready"); o:wait() end, ev)
+      kill_after_ready(function(o, q) q:put("ready"); o:acquire() end, sem)
+      ev:set()
+      assert.is_true(ev:wait(60))
+      sem:release()
+      assert.is_true(sem:acquire(60))
+      assert.are.equal(0, sem:get_value())
+    end)
+
+    it("a worker killed in the middle of writing a big result", function()
+      local q = mp.Queue()
+      local ctx = start(function(_, qq)
+        local t = {}
+        for k = 1, 200 do t[k] = string.rep("r", 1 << 20) end
+        qq:put("ready")
+        return t
+      end, { q }, 1, false)
+      assert.are.equal("ready", q:get(60))
+      kill(ctx:pids()[1])
+      local ok, e = pcall(ctx.join, ctx, 60)
+      -- it may have finished first; if not, the kill is what is reported
+      if not ok then
+        assert.is_true(mp.isinstance(e, mp.ProcessExitedException), tostring(e))
+        assert.are.equal("SIGKILL", e.signal_name)
+      end
+      q:close()
+    end)
+
+    -- Defect (src/sync.c, Barrier): a party SIGKILLed inside wait() stays
+    -- counted in h->count for ever.  reset() then sees parties "inside" and
+    -- moves to B_RESETTING, waiting for a last one out that never comes:
+    -- every later wait() returns nil, "timeout" at once, whatever its
+    -- timeout, and the Barrier is unusable for good.
+    pending("a Barrier whose party was killed in wait works again after reset()")
+  end)
+
+  describe("audit: stopped workers, " .. method .. ":", function()
+    H.leak_check(before_each, after_each)
+
+    it("a SIGSTOPped worker: join times out, close still ends it", function()
+      local ctx = start(function() os.execute("sleep 60") end, {}, 2, false)
+      kill(ctx:pids()[1], "STOP")
+      assert.is_false(ctx:join(0.3))
+      kill(ctx:pids()[1], "CONT")    -- see the pending spec below
+      ctx:close()
+      assert.is_false(ctx.processes[1]:is_alive())
+      assert.is_false(ctx.processes[2]:is_alive())
+    end)
+
+    -- Defect (src/join.c, terminate_watched; owner: embed): SIGTERM to a
+    -- stopped worker stays pending, so close() and a failing join wait the
+    -- whole grace period (30 s by default) and then SIGKILL it.  Sending
+    -- SIGCONT after SIGTERM (as the signal goes to the group, to the group)
+    -- lets it die of the SIGTERM at once: exitcode -15, not -9.
+    pending("a SIGSTOPped worker dies of close()'s SIGTERM (exitcode -15), not of SIGKILL after the grace")
+  end)
+
+  describe("audit: use after close, " .. method .. ":", function()
+    H.leak_check(before_each, after_each)
+
+    it("every sync object closes twice and refuses use after", function()
+      local objects = {
+        Lock = mp.Lock(), RLock = mp.RLock(), Semaphore = mp.Semaphore(),
+        BoundedSemaphore = mp.BoundedSemaphore(), Event = mp.Event(),
+        Barrier = mp.Barrier(2), Condition = mp.Condition(),
+      }
+      local uses = {
+        Lock = "acquire", RLock = "acquire", Semaphore = "acquire",
+        BoundedSemaphore = "release", Event = "set", Barrier = "wait",
+        Condition = "acquire",
+      }
+      for name, o in pairs(objects) do
+        o:close()
+        o:close()
+        assert.are.equal("multiprocessing." .. name .. " (closed)", tostring(o))
+        local ok, err = pcall(o[uses[name]], o, 0)
+        assert.is_false(ok, name)
+        assert.truthy(tostring(err):find("closed " .. name, 1, true), name .. ": " .. tostring(err))
+      end
+      do local b <close> = mp.Barrier(3); b:close() end   -- scope exit after close
+      local v, a = mp.Value("int32", 5), mp.Array("double", 10)
+      v:close(); v:close(); a:close()
+      assert.has_error(function() return v.value end, "attempt to use a closed Value")
+      assert.has_error(function() return a[1] end, "attempt to use a closed Array")
+      assert.has_error(function() a:fill(1) end, "attempt to use a closed Array")
+    end)
+
+    it("a context: join, results, pids after close; workers sent closed objects refuse", function()
+      local ctx = start(function(i) return i end, {}, 2, false)
+      ctx:close()
+      ctx:close()
+      assert.is_true(ctx:join())
+      assert.are.equal(2, #ctx:pids())
+      assert.is_false(ctx.processes[1]:is_alive())
+      local lk = mp.Lock()
+      lk:close()
+      local ok, e = pcall(start, function(_, l) return l end, { lk })
+      assert.is_false(ok)
+      assert.truthy(tostring(e):find("closed", 1, true), tostring(e))
+    end)
+  end)
+end
+
+-- Descriptors the worker was given, closed or replaced by the worker.
+describe("audit: a worker that closes or dup2s over its inherited fds", function()
+  H.leak_check(before_each, after_each)
+  local fdtool, dir, saved
+  setup(function()
+    fdtool, dir = compile("fdtool", true)
+    saved = package.cpath
+    if fdtool then package.cpath = dir .. "/?.so;" .. package.cpath end
+  end)
+  teardown(function()
+    package.cpath = saved
+    if fdtool then os.execute("rm -rf " .. dir) end
+  end)
+
+  for _, method in ipairs(H.methods) do
+    it("fails cleanly under " .. method, function()
+      if not fdtool then pending("cannot compile spec/host/fdtool.c: " .. tostring(dir)) return end
+      for _, how in ipairs({ "close", "dup2", "closeall" }) do
+        for _, outcome in ipairs({ "return", "error", "exit3" }) do
+          local lk, a = mp.Lock(), mp.Array("int32", 4)
+          local ok, e = pcall(mp.start_processes, function(_, h, o, l, arr)
+            local fdt = require "fdtool"
+            fdt.quiet()                  -- its complaints are expected
+            l:acquire()
+            arr[1] = 7
+            l:release()
+            for _, fd in ipairs(fdt.fds()) do
+              if fd > 2 or h == "closeall" then
+                if h == "dup2" then fdt.dup2(0, fd) else fdt.close(fd) end
+              end
+            end
+            if o == "error" then error({ why = "after tampering" }) end
+            if o == "exit3" then os.exit(3) end
+            return "done"
+          end, { how, outcome, lk, a }, 2, true, false, method)
+          local what = how .. "/" .. outcome
+          -- what the parent gets: its result, or why it has none
+          if ok then
+            assert.are.same({ "done", "done", n = 2 }, e, what)
+          else
+            assert.is_true(mp.isinstance(e, mp.ProcessException), what .. ": " .. tostring(e))
+            assert.are.equal(outcome == "exit3" and 3 or 1, e.exit_code, what .. ": " .. tostring(e))
+          end
+          assert.are.equal(7, a[1], what)
+          assert.is_true(lk:acquire(60), what)
+          lk:release()
+        end
+      end
+    end)
+  end
+end)
+
+-- A host hit by SIGUSR1, SIGCHLD and SIGALRM at 1 kHz each, with handlers
+-- that interrupt every blocking call.
+describe("audit: signal storms", function()
+  H.leak_check(before_each, after_each)
+  local host, dir
+  setup(function() host, dir = compile("storm_host") end)
+  teardown(function() if host then os.execute("rm -rf " .. dir) end end)
+
+  for _, method in ipairs(H.methods) do
+    it("joins, locks, events, barriers, conditions and failures under " .. method, function()
+      if not host then pending("cannot compile spec/host/storm_host.c: " .. tostring(dir)) return end
+      local script = H.script(([[
+        local mp = require "multiprocessing"
+        local method = %q
+        local ev, bar, cv, sem = mp.Event(), mp.Barrier(3), mp.Condition(), mp.Semaphore(0)
+        local v = mp.Value("int64", 0)
+        local ctx = mp.start_processes(function(i, e, b, c, s, val)
+          for _ = 1, 200 do local g <close> = val:get_lock():guard(); val.value = val.value + 1 end
+          assert(b:wait(120))
+          assert(e:wait(120))
+          c:acquire()
+          while val.value < 1000 do assert(c:wait(120)) end
+          c:release()
+          s:release()
+          return i * 10
+        end, { ev, bar, cv, sem, v }, 2, false, false, method)
+        assert(bar:wait(120))
+        assert(ctx:join(0.2) == false)
+        ev:set()
+        cv:acquire(); v.value = 1000; cv:notify_all(); cv:release()
+        assert(sem:acquire(120)); assert(sem:acquire(120))
+        assert(ctx:join(120))
+        local r = ctx:results()
+        assert(r[1] == 0 and r[2] == 10)
+        local ok, e = pcall(mp.start_processes, function(i)
+          if i == 1 then error("boom") end
+          os.execute("sleep 60")
+        end, {}, 2, true, false, method)
+        assert(not ok and e.error_index == 1, tostring(e))
+        io.write("storm ok ", HITS() > 100 and "hit" or "quiet", "\n")
+      ]]):format(method))
+      local out = H.sh(("timeout 300 %s %s 2>&1"):format(host, script))
+      os.remove(script)
+      assert.are.equal("storm ok hit\n", out)
+    end)
+  end
+end)
+
+-- Resource limits in a child interpreter: a clean error naming what failed,
+-- the started workers reaped, nothing left open, and the next job works.
+local LIMITED = [[
+  local mp = require "multiprocessing"
+  local H = require "helpers"
+  local method, n = %q, %d
+  local fds = #H.fds()
+  local ok, e = pcall(mp.start_processes, function(i) return i end, {}, n, true, false, method)
+  io.write(ok and "started all" or tostring(e), "\n")
+  collectgarbage(); collectgarbage()
+  local again = mp.start_processes(function(i) return i end, {}, 2, true, false, method)
+  io.write("again ", again.n, " children ", #H.children(), " fds ", #H.fds() - fds, "\n")
+]]
+
+describe("audit: resource limits", function()
+  H.leak_check(before_each, after_each)
+  local root = H.sh("id -u") == "0\n"
+  local has_setpriv = os.execute("command -v setpriv >/dev/null && command -v prlimit >/dev/null")
+
+  for _, method in ipairs(H.methods) do
+    it("RLIMIT_NOFILE low under " .. method, function()
+      local out = run_child(LIMITED:format(method, 64), "ulimit -n 40;")
+      assert.truthy(out:find(('cannot start 64 processes with start method "%s"'):format(method), 1, true), out)
+      assert.truthy(out:find("now terminated", 1, true), out)
+      assert.truthy(out:find("again 2 children 0 fds 0", 1, true), out)
+    end)
+
+    it("RLIMIT_NPROC low under " .. method, function()
+      if not (root and has_setpriv) then
+        pending("RLIMIT_NPROC needs root (to become nobody) and setpriv/prlimit")
+        return
+      end
+      local out = run_child(LIMITED:format(method, 64),
+        "prlimit --nproc=20:20 setpriv --reuid=65534 --regid=65534 --clear-groups")
+      if out:find("cannot open", 1, true) or out:find("not found", 1, true) then
+        pending("nobody cannot read this tree: " .. out)
+        return
+      end
+      assert.truthy(out:find("Resource temporarily unavailable", 1, true), out)
+      assert.truthy(out:find("now terminated", 1, true), out)
+      assert.truthy(out:find("again 2 children 0 fds 0", 1, true), out)
+    end)
+
+    it("RLIMIT_AS low under " .. method .. ": a worker out of memory is an exception", function()
+      local out = run_child(([[
+        local mp = require "multiprocessing"
+        local H = require "helpers"
+        local ok, e = pcall(mp.start_processes, function(i)
+          if i == 1 then local t = {} for k = 1, 1e9 do t[k] = string.rep("m", 1e6) .. k end end
+          return i
+        end, {}, 2, true, false, %q)
+        io.write(ok and "no failure" or (mp.isinstance(e, mp.ProcessException) and "exception" or tostring(e)), "\n")
+        io.write("children ", #H.children(), "\n")
+      ]]):format(method), "ulimit -v 400000;")
+      assert.truthy(out:find("exception\nchildren 0\n", 1, true), out)
+    end)
+  end
+end)
+
+-- The parent dies: SIGKILLed, or it ends without closing anything.
+describe("audit: the parent goes", function()
+  H.leak_check(before_each, after_each)
+
+  local BODY = [[
+    local mp = require "multiprocessing"
+    local method, strategy, pidfile, ending = %q, %q, %q, %q
+    mp.set_sharing_strategy(strategy)
+    local lk, ev, bar, cv = mp.Lock(), mp.Event(), mp.Barrier(3), mp.Condition()
+    local a, v = mp.Array("int32", 1000), mp.Value("double", 1)
+    ctx = mp.start_processes(function(i, l, e, b, c, arr, val, pf)
+      local mp2 = require "multiprocessing"
+      local mine = mp2.Array("int8", 100000)     -- a worker's own segment
+      mine[1] = 1
+      local f = io.open(pf, "a")
+      f:write(mp2.current_process().pid, "\n")
+      f:close()
+      if i == 0 then l:acquire(); e:wait()
+      elseif i == 1 then c:acquire(); c:wait()
+      else b:wait() end
+    end, { lk, ev, bar, cv, a, v, pidfile }, 3, false, false, method)
+    while true do
+      local f = io.open(pidfile)
+      local n = f and select(2, f:read("a"):gsub("\n", "")) or 0
+      if f then f:close() end
+      if n >= 3 then break end
+      os.execute("sleep 0.05")
+    end
+    local f = io.open(pidfile, "a")
+    f:write("parent ", io.open("/proc/self/stat"):read("a"):match("^%%d+"), "\n")
+    f:close()
+    if ending == "end" then return end          -- lua_close collects all
+    mp.Event():wait(120)                        -- no child of its own
+  ]]
+
+  local function shm_names()
+    return table.concat(H.shm(), " ")
+  end
+
+  for _, method in ipairs(H.methods) do
+    for _, strategy in ipairs(H.STRATEGIES) do
+      for _, ending in ipairs({ "SIGKILL", "end" }) do
+        it(("%s, %s, %s: no worker and no segment survive"):format(ending, method, strategy), function()
+          local pidfile = os.tmpname()
+          local script = H.script(BODY:format(method, strategy, pidfile, ending))
+          local before = shm_names()
+          local child = io.popen("lua5.4 " .. script .. " 2>&1; echo exited $?")
+          local text = H.eventually(function()
+            local s = H.read(pidfile)
+            return s and s:find("parent %d+\n") and s
+          end, 60)
+          assert.truthy(text, "the child script did not start its workers")
+          local workers = {}
+          for pid in text:gmatch("(%d+)\n") do workers[#workers + 1] = tonumber(pid) end
+          local parent = tonumber(text:match("parent (%d+)"))
+          if ending == "SIGKILL" then kill(parent) end
+          local out = child:read("a")
+          child:close()
+          os.remove(script)
+          os.remove(pidfile)
+          if ending == "end" then assert.truthy(out:find("exited 0", 1, true), out) end
+          for _, pid in ipairs(workers) do
+            if pid ~= parent then
+              assert.is_true(H.eventually(function() return not H.alive(pid) end, 30),
+                             "worker " .. pid .. " outlived its parent")
+            end
+          end
+          -- trackers give the names back once everything is gone
+          assert.is_true(H.eventually(function() return shm_names() == before end, 30),
+                         "left in /dev/shm: " .. shm_names())
+        end)
+      end
+    end
+  end
+end)
+
+-- Ctrl-C at the REPL while it waits for a Lock a worker holds.
+describe("audit: Ctrl-C in lua5.4 -i during Lock:acquire", function()
+  for _, method in ipairs(H.methods) do
+    it("interrupts once and the prompt's next lines run, " .. method, function()
+      local pidfile = os.tmpname()
+      local input = os.tmpname()
+      local f = assert(io.open(input, "w"))
+      f:write(H.PATHS,
+        "mp = require 'multiprocessing'\n",
+        "lk, q = mp.Lock(), mp.Queue()\n",
+        ("ctx = mp.start_processes(function(_, l, qq) l:acquire(); qq:put(1); os.execute('sleep 60') end, "
+          .. "{lk, q}, 1, false, false, %q)\n"):format(method),
+        "q:get(60)\n",
+        ("f = io.open(%q, 'w') f:write(io.open('/proc/self/stat'):read('a'):match('^%%d+'), ' ', ctx:pids()[1]) f:close()\n")
+          :format(pidfile),
+        "print('acquired?', lk:acquire())\n",
+        "print('next line runs')\n",
+        "ctx:close() print('after close', lk:acquire(60))\n")
+      f:close()
+      local repl = io.popen("lua5.4 -i < " .. input .. " 2>&1")
+      local list = H.wait_pids(pidfile)
+      os.execute("sleep 0.3")
+      kill(list[1], "INT")
+      local out = repl:read("a")
+      repl:close()
+      os.remove(pidfile)
+      os.remove(input)
+      assert.truthy(out:find("interrupted", 1, true), out)
+      assert.is_nil(out:find("acquired?\t", 1, true), out)
+      assert.truthy(out:find("next line runs", 1, true), out)
+      assert.truthy(out:find("after close\ttrue\tprevious owner died", 1, true), out)
+      assert.is_false(H.alive(list[2]))
+    end)
+  end
+end)
