@@ -233,12 +233,28 @@ for _, method in ipairs(H.methods) do
       q:close()
     end)
 
-    -- Defect (src/sync.c, Barrier): a party SIGKILLed inside wait() stays
-    -- counted in h->count for ever.  reset() then sees parties "inside" and
-    -- moves to B_RESETTING, waiting for a last one out that never comes:
-    -- every later wait() returns nil, "timeout" at once, whatever its
-    -- timeout, and the Barrier is unusable for good.
-    pending("a Barrier whose party was killed in wait works again after reset()")
+    -- A party SIGKILLed inside wait() stayed counted for ever: reset() then
+    -- waited for it to leave, and every later wait() returned nil,
+    -- "timeout" at once, whatever its timeout.
+    it("a Barrier whose party was killed in wait works again after reset()", function()
+      for _, timed_out_first in ipairs({ false, true }) do
+        local b = mp.Barrier(3)
+        kill_after_ready(function(o, q) q:put("ready"); o:wait() end, b)
+        if timed_out_first then
+          assert.are.same({ nil, "timeout" }, { b:wait(0.05) })
+          assert.is_true(b.broken)
+        end
+        b:reset()
+        assert.is_false(b.broken)
+        assert.are.equal(0, b.n_waiting)
+        local ctx = start(function(_, bar) return { bar:wait(120) } end, { b }, 2, false)
+        local mine = b:wait(120)
+        assert.is_true(ctx:join(120))
+        local r = ctx:results()
+        local seen = { [mine] = true, [r[1][1]] = true, [r[2][1]] = true }
+        assert.is_true(seen[0] and seen[1] and seen[2], "indexes " .. tostring(mine))
+      end
+    end)
   end)
 
   describe("audit: stopped workers, " .. method .. ":", function()

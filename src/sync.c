@@ -23,9 +23,12 @@
 **     its own futex word.  notify(n) marks the n oldest waiting slots
 **     notified and wakes each: exactly n waiters that were waiting then
 **     (or all there are), never one that came later or the same one twice.
-**   Barrier: Python's threading.Barrier -- 'count' parties inside wait and
-**     a 'state' (filling, draining, resetting, broken); the party that
-**     fills it runs the action, then lets the others drain.
+**   Barrier: Python's threading.Barrier, by generations: 'count' parties
+**     arrived in the current one; the party that fills it runs the action
+**     and starts the next.  A generation ends tripped or broken (abort,
+**     reset, a timeout, a failed action), and its waiters learn which from
+**     'gen' and 'broken_gens' -- never by counting each other out, so a
+**     party killed inside wait cannot keep the barrier for ever.
 */
 #include <errno.h>
 #include <fcntl.h>
@@ -258,8 +261,8 @@ static const char *const kind_short[K_NKINDS] = {
 
 #define GUARD_T "multiprocessing.Guard"
 
-/* Barrier states, as Python's */
-enum { B_FILLING = 0, B_DRAINING = 1, B_RESETTING = -1, B_BROKEN = -2 };
+/* Barrier states: filling, or broken until reset */
+enum { B_FILLING = 0, B_BROKEN = -2 };
 
 typedef struct SyncHdr {
   uint32_t magic;
@@ -273,9 +276,11 @@ typedef struct SyncHdr {
   uint32_t arrivals;     /* Condition, under m: the next waiter's ticket */
   uint32_t hi;           /* Condition, under m: slots in use are below */
   uint32_t parties;      /* Barrier */
-  uint32_t count;        /* Barrier, under m: parties inside wait */
+  uint32_t count;        /* Barrier, under m: parties of 'gen' arrived */
   int32_t state;         /* Barrier, under m: B_* */
   double timeout;        /* Barrier: default for wait, < 0 none */
+  uint32_t gen;          /* Barrier, under m: the generation filling */
+  uint64_t broken_gens;  /* Barrier, under m: bit gen % 64 set: it broke */
 } SyncHdr;
 
 /* A Condition's waiter, in the slots that follow the header. */
@@ -862,11 +867,27 @@ static int bar_sleep(SyncHdr *h, mp_Wait *w, int *died) {
   return sleep_unlocked(h, w, &on, died);
 }
 
+/* Under h->m: ends the filling generation, tripped or broken, and
+** starts the next, filling or broken; wakes the waiters. */
+static void bar_end(SyncHdr *h, int broken, int32_t state) {
+  uint64_t bit = (uint64_t)1 << (h->gen % 64);
+  if (broken) h->broken_gens |= bit;
+  else h->broken_gens &= ~bit;
+  h->gen++;
+  h->count = 0;
+  bar_set(h, state);
+}
+
+/* Under h->m: the current generation breaks, and the barrier with it. */
+static void bar_break(SyncHdr *h) {
+  if (h->state == B_FILLING) bar_end(h, 1, B_BROKEN);
+}
+
 /* Takes the barrier's mutex; a holder that died leaves it broken. */
 static int bar_lock(SyncHdr *h, mp_Wait *w) {
   int st = mp_mutex_lock(&h->m, w);
   if (st == MP_OWNERDEAD) {
-    bar_set(h, B_BROKEN);
+    bar_break(h);
     st = MP_OK;
   }
   return st;
@@ -892,34 +913,28 @@ static int bar_wait(lua_State *L) {
   double t = lua_isnoneornil(L, 2) ? h->timeout : mp_opttimeout(L, 2);
   mp_Wait w;
   int st, died = 0, failed = 0;
-  uint32_t index = 0;
+  uint32_t index = 0, gen;
   lua_settop(L, 2);
   mp_wait_init(&w, L, t);
   if ((st = bar_lock(h, &w)) != MP_OK) goto out;
-  /* wait while the last round drains or a reset completes */
-  while (h->state == B_DRAINING || h->state == B_RESETTING) {
-    if ((st = bar_sleep(h, &w, &died)) != MP_OK) break;
+  gen = h->gen;
+  if (h->state == B_BROKEN)
+    st = MP_BROKEN;
+  else if ((index = h->count++) + 1 == h->parties) {
+    failed = bar_action(L);
+    bar_end(h, failed, failed ? B_BROKEN : B_FILLING);
+  } else {
+    while (st == MP_OK && h->gen == gen)
+      st = bar_sleep(h, &w, &died);
+    if (h->gen != gen)    /* ended, even just as the time ran out */
+      st = (h->broken_gens >> (gen % 64)) & 1 ? MP_BROKEN : MP_OK;
+    else                  /* our timeout (or interrupt) breaks it */
+      bar_break(h);
   }
-  if (st == MP_OK && h->state == B_FILLING) {
-    index = __atomic_add_fetch(&h->count, 1, __ATOMIC_ACQ_REL) - 1;
-    if (index + 1 == h->parties) {
-      if ((failed = bar_action(L)) != 0) bar_set(h, B_BROKEN);
-      else bar_set(h, B_DRAINING);
-    } else {
-      while (st == MP_OK && h->state == B_FILLING)
-        st = bar_sleep(h, &w, &died);
-      /* tripped or broken just as the time ran out: that is the outcome */
-      if (st == MP_TIMEOUT && h->state != B_FILLING) st = MP_OK;
-      if (st != MP_OK && h->state == B_FILLING) bar_set(h, B_BROKEN);
-    }
-    __atomic_sub_fetch(&h->count, 1, __ATOMIC_ACQ_REL);
+  if (died) {
+    bar_break(h);
+    if (st == MP_OK) st = MP_BROKEN;
   }
-  if (died) bar_set(h, B_BROKEN);
-  if (st == MP_OK && h->state < 0) st = MP_BROKEN;
-  /* the last one out ends the draining or the reset */
-  if (h->count == 0 &&
-      (h->state == B_DRAINING || h->state == B_RESETTING))
-    bar_set(h, B_FILLING);
   pthread_mutex_unlock(&h->m);
 out:
   if (failed) return lua_error(L);
@@ -944,10 +959,10 @@ static int bar_change(lua_State *L, int reset) {
   mp_wait_init(&w, L, -1);
   if ((st = bar_lock(h, &w)) != MP_OK)
     return mp_status_error(L, method_name(L), st);
-  if (!reset) bar_set(h, B_BROKEN);
-  else if (h->count == 0) bar_set(h, B_FILLING);
-  /* parties waiting: they leave broken; the last one out refills */
-  else if (h->state != B_DRAINING) bar_set(h, B_RESETTING);
+  if (!reset) bar_break(h);
+  else if (h->state == B_BROKEN) bar_set(h, B_FILLING);
+  /* parties waiting (or killed while waiting): they leave broken */
+  else if (h->count > 0) bar_end(h, 1, B_FILLING);
   pthread_mutex_unlock(&h->m);
   return 0;
 }
