@@ -594,3 +594,14 @@ describe("audit: Ctrl-C in lua5.4 -i during Lock:acquire", function()
     end)
   end
 end)
+
+-- mprun (issue 10), tried as the audit will.
+describe("audit: mprun", function()
+  -- Defect (lua/multiprocessing/mprun.lua / src/stdio.c; owner: mprun):
+  -- `sh -c 'ulimit -n 40; scripts/mprun -n 64 -e "x=1"'` prints "mprun:
+  -- cannot start rank 5: ... Too many open files" and then never exits: it
+  -- sits in poll() with no child left (seen 10 minutes; SIGTERM ends it
+  -- with status 1).  Expected: the started ranks torn down and reaped, exit
+  -- status 1 at once.
+  pending("a start failure under a low RLIMIT_NOFILE ends mprun instead of hanging in poll()")
+end)
