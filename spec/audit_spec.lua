@@ -233,6 +233,30 @@ for _, method in ipairs(H.methods) do
       q:close()
     end)
 
+    it("a Queue writer killed in a 64 MiB put, a Pipe peer killed: nil, \"closed\", no torn item", function()
+      local q = mp.Queue()
+      local ctx = start(function(_, qq)
+        qq:put("ready")
+        qq:put(string.rep("b", 64 << 20))
+      end, { q }, 1, false)
+      assert.are.equal("ready", q:get(60))
+      kill(ctx:pids()[1])
+      settle_killed(ctx, 1)
+      -- untimed: a timed get would wait out its deadline before "closed"
+      local v, why = q:get()
+      -- it may have got the whole item in before the kill; never a piece
+      if v ~= nil then assert.are.equal(64 << 20, #v) else assert.are.equal("closed", why) end
+      q:close()
+      local a, b = mp.Pipe()
+      ctx = start(function(_, c) c:send("hi"); os.execute("sleep 60") end, { b }, 1, false)
+      b:close()
+      assert.are.equal("hi", a:recv(60))
+      kill(ctx:pids()[1])
+      settle_killed(ctx, 1)
+      assert.are.same({ nil, "closed" }, { a:recv() })
+      a:close()
+    end)
+
     -- A party SIGKILLed inside wait() stayed counted for ever: reset() then
     -- waited for it to leave, and every later wait() returned nil,
     -- "timeout" at once, whatever its timeout.
