@@ -443,7 +443,10 @@ describe("audit: signal storms", function()
       ]]):format(method))
       local out = H.sh(("timeout 300 %s %s 2>&1"):format(host, script))
       os.remove(script)
-      assert.are.equal("storm ok hit\n", out)
+      -- under fork, the warning about forking a threaded host comes first
+      assert.truthy(out:find("^storm ok hit\n$") or
+                    (method == "fork" and out:find("^lua%-multiprocessing: warning: start method \"fork\" "
+                                                   .. "in a process with 2 threads.*\nstorm ok hit\n$")), out)
     end)
   end
 end)
