@@ -3,8 +3,6 @@
 local mp = require "multiprocessing"
 local H = require "helpers"
 
-local LUA = "lua5.4"
-local run_script = H.script
 
 local function sleep_forever()
   os.execute("sleep 30")
@@ -275,20 +273,17 @@ for _, method in ipairs(H.methods) do
     end)
 
     it("does not print output buffered before the start twice", function()
-      local script = run_script(([[
+      local out = H.run_child(([[
         local mp = require "multiprocessing"
         io.write("before;")
         mp.start_processes(function() io.write("worker;") end, {}, 2, true, false, %q)
         io.write("after")
-      ]]):format(method))
-      local out = H.sh(LUA .. " " .. script .. " | cat")
-      os.remove(script)
+      ]]):format(method)):wait()
       assert.are.equal("before;worker;worker;after", out)
     end)
 
     it("takes the workers and their children down when the parent is SIGKILLed", function()
-      local pidfile = os.tmpname()
-      local script = run_script(([[
+      local child = H.run_child(([[
         local mp = require "multiprocessing"
         local ctx = mp.start_processes(function() os.execute("sleep 30") end, {}, 2, false, false, %q)
         -- each worker has started its shell, and the shell its sleep
@@ -299,18 +294,13 @@ for _, method in ipairs(H.methods) do
           end
           repeat until child(pid) and child(child(pid))
         end
-        local f = io.open(%q, "w")
-        f:write(io.open("/proc/self/stat"):read("a"):match("^%%d+"), " ", table.concat(ctx:pids(), " "))
-        f:close()
+        announce(ctx:pids())
         ctx:join()
-      ]]):format(method, pidfile))
-      local sh = io.popen(LUA .. " " .. script .. " 2>/dev/null")
-      local list = H.wait_pids(pidfile)
+      ]]):format(method), { stderr = false })
+      local list = child:pids()
       assert.are.equal(3, #list)
-      os.execute("kill -KILL " .. list[1])
-      sh:close()
-      os.remove(pidfile)
-      os.remove(script)
+      child:kill("KILL")
+      child:wait()
       for i = 2, 3 do
         assert.is_true(H.eventually(function() return not H.alive(list[i]) end, 2))
         -- nothing left in the worker's process group: no orphaned sleep
@@ -320,7 +310,8 @@ for _, method in ipairs(H.methods) do
     end)
 
     it("kills and reaps the started workers when a start fails midway", function()
-      local script = run_script(([[
+      -- few enough descriptors that the 64 workers cannot all get a pidfd
+      local out = H.run_child(([[
         local mp = require "multiprocessing"
         local core = require "multiprocessing.core"
         local ok, err = pcall(mp.start_processes, function() os.execute("sleep 30") end,
@@ -333,10 +324,7 @@ for _, method in ipairs(H.methods) do
         end
         print(ok, err)
         print("children left: " .. left)
-      ]]):format(method))
-      -- few enough descriptors that the 64 workers cannot all get a pidfd
-      local out = H.sh("ulimit -n 40; " .. LUA .. " " .. script .. " 2>&1")
-      os.remove(script)
+      ]]):format(method), { command = "ulimit -n 40; lua5.4 %s" }):wait()
       assert.truthy(out:find("false\tcannot start 64 processes with start method \"" ..
                              method .. "\" %(%d+ started, now terminated%): "), out)
       assert.truthy(out:find("Too many open files", 1, true), out)
@@ -344,24 +332,17 @@ for _, method in ipairs(H.methods) do
     end)
 
     it("terminates the workers on Ctrl-C during join", function()
-      local pidfile = os.tmpname()
-      local script = run_script(([[
+      local child = H.run_child(([[
         local mp = require "multiprocessing"
         local ctx = mp.start_processes(function() os.execute("sleep 30") end, {}, 2, false, false, %q)
-        local f = io.open(%q, "w")
-        f:write(io.open("/proc/self/stat"):read("a"):match("^%%d+"), " ", table.concat(ctx:pids(), " "))
-        f:close()
+        announce(ctx:pids())
         local ok, err = pcall(ctx.join, ctx)
         print(ok, err)
         print(ctx.processes[1].exitcode, ctx.processes[2].exitcode)
-      ]]):format(method, pidfile))
-      local sh = io.popen(LUA .. " " .. script .. " 2>&1")
-      local list = H.wait_pids(pidfile)
-      os.execute("kill -INT " .. list[1])
-      local out = sh:read("a")
-      sh:close()
-      os.remove(pidfile)
-      os.remove(script)
+      ]]):format(method))
+      local list = child:pids()
+      child:kill("INT")
+      local out = child:wait()
       assert.truthy(out:find("false\tinterrupted", 1, true), out)
       assert.truthy(out:find("-15\t-15", 1, true), out)
       assert.is_false(H.alive(list[2]))
@@ -422,15 +403,13 @@ describe("exceptions", function()
   end)
 
   it("an uncaught exception prints its full message in lua5.4", function()
-    local script = run_script([[
+    local out, code = H.run_child([[
       local mp = require "multiprocessing"
       mp.start_processes(function() error("uncaught in worker") end, {}, 1, true, false, "fork")
-    ]])
-    local out = H.sh(LUA .. " " .. script .. " 2>&1; echo rc=$?")
-    os.remove(script)
+    ]]):wait()
     assert.truthy(out:find("-- Process 0 terminated with the following error:", 1, true), out)
     assert.truthy(out:find("uncaught in worker", 1, true), out)
-    assert.truthy(out:find("rc=1", 1, true), out)
+    assert.are.equal(1, code, out)
   end)
 
   it("SpawnContext is ProcessContext", function()
@@ -507,7 +486,7 @@ for _, method in ipairs(H.methods) do
         pending("python3 is needed to start a parent with signals blocked")
         return
       end
-      local script = run_script(([[
+      local out = H.run_child(([[
         local mp = require "multiprocessing"
         local f = io.open("/proc/self/status")
         io.write(f:read("a"):match("SigBlk:%%s*%%x+"), "\n")
@@ -519,11 +498,9 @@ for _, method in ipairs(H.methods) do
           return s:match("SigBlk:%%s*%%x+")
         end, {}, 2, true, false, %q)
         io.write(r[1], "\n", r[2], "\n")
-      ]]):format(method))
-      local out = H.sh(("python3 -c 'import os, signal; "
+      ]]):format(method), { command = "python3 -c 'import os, signal; "
         .. "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGHUP, signal.SIGPIPE}); "
-        .. "os.execvp(\"%s\", [\"%s\", \"%s\"])' 2>&1"):format(LUA, LUA, script))
-      os.remove(script)
+        .. "os.execvp(\"lua5.4\", [\"lua5.4\", \"%s\"])'" }):wait()
       local lines = {}
       for line in out:gmatch("[^\n]+") do lines[#lines + 1] = line end
       assert.are.equal(3, #lines, out)
@@ -544,7 +521,7 @@ for _, method in ipairs(H.methods) do
 
     it("no segment outlives the job", function()
       local shm = H.shm()
-      local script = run_script(([[
+      local out = H.run_child(([[
         local mp = require "multiprocessing"
         local keep = {}
         for _ = 1, 20 do
@@ -556,9 +533,7 @@ for _, method in ipairs(H.methods) do
         end
         io.write(#keep, " jobs")
         os.exit(0, false)   -- no lua_close: the names are the trackers'
-      ]]):format(method))
-      local out = H.sh(LUA .. " " .. script .. " 2>&1")
-      os.remove(script)
+      ]]):format(method)):wait()
       assert.are.equal("20 jobs", out)
       assert.is_truthy(H.eventually(function()
         return #H.shm() == #shm

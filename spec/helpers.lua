@@ -94,20 +94,6 @@ function H.fds()
   return out
 end
 
-local function tmp_root()
-  local t = os.getenv("TMPDIR")
-  return (t and t ~= "") and t or "/tmp"
-end
-
---- Report directories left in the temp root.
-function H.errdirs()
-  local out = {}
-  for _, name in ipairs(lines("ls -a " .. tmp_root())) do
-    if name:match("^lua%-mp%-") then out[#out + 1] = name end
-  end
-  return out
-end
-
 --- Entries in /dev/shm.
 function H.shm()
   local out = {}
@@ -122,18 +108,17 @@ end
 function H.snapshot()
   collectgarbage()
   collectgarbage()
-  return { fds = H.fds(), errdirs = H.errdirs(), shm = H.shm() }
+  return { fds = H.fds(), shm = H.shm() }
 end
 
 --- Asserts nothing leaked since 'before': no child (zombie or not), no new
--- fd, no report directory, no /dev/shm entry.
+-- fd, no /dev/shm entry.
 function H.check(before)
   collectgarbage()
   collectgarbage()
   assert.are.same({}, H.children(), "child processes left")
   assert.are.same(before.fds, H.fds(), "fds left open:\n" ..
                   H.sh("ls -l /proc/" .. H.pid() .. "/fd"))
-  assert.are.same(before.errdirs, H.errdirs(), "report files left")
   assert.are.same(before.shm, H.shm(), "/dev/shm entries left")
 end
 
@@ -183,16 +168,25 @@ function H.sh(cmd)
   return out
 end
 
---- A line of Lua that gives a child interpreter our package paths.
-H.PATHS = ("package.path = %q; package.cpath = %q\n"):format(package.path, package.cpath)
+--- A line of Lua that gives a child interpreter our package paths as they
+-- are now; H.PATHS: as they were when the specs started.
+function H.paths()
+  return ("package.path = %q; package.cpath = %q\n"):format(package.path, package.cpath)
+end
+H.PATHS = H.paths()
+
+--- Writes 'text' to the file 'path'.
+function H.write(path, text)
+  local f = assert(io.open(path, "w"))
+  f:write(text)
+  f:close()
+end
 
 --- Writes a Lua script for a child interpreter (by default our package
 -- paths first) to a temporary file; returns the file's name.
 function H.script(body, prelude)
   local name = os.tmpname()
-  local f = assert(io.open(name, "w"))
-  f:write(prelude or H.PATHS, body)
-  f:close()
+  H.write(name, (prelude or H.PATHS) .. body)
   return name
 end
 
@@ -208,6 +202,79 @@ function H.wait_pids(pidfile, seconds)
     pids[#pids + 1] = tonumber(pid)
   end
   return pids
+end
+
+-- What a child script finds before its body: our package paths, and
+-- announce(pids), which makes the child's own pid and then 'pids' (a list,
+-- say ctx:pids()) what child:pids() returns.  A global: at the REPL every
+-- line is a chunk of its own.
+local CHILD_PRELUDE = [[
+function announce(pids)
+  local f = assert(io.open(%q, "w"))
+  f:write(io.open("/proc/self/stat"):read("a"):match("^%%d+"), " ",
+          table.concat(pids or {}, " "))
+  f:close()
+end
+]]
+
+local Child = {}
+Child.__index = Child
+
+--- Runs 'body' as a Lua script in a child interpreter with our package
+-- paths (H.paths()) and announce() (above) in scope.  opts (all optional):
+--   command  how to run the script file, "%s" its name: "lua5.4 %s" by
+--            default; "lua5.4 -i < %s" is the REPL fed through a pipe
+--   stderr   false: dropped; else it comes with stdout
+-- Returns a child handle:
+--   child:pids()       waits for announce(); {own pid, announced...}
+--   child:kill(sig)    signals the script's interpreter ("INT", "KILL")
+--   child:wait()       its output and exit code, once it has ended; the
+--                      script and pid files are removed
+function H.run_child(body, opts)
+  opts = opts or {}
+  local pidfile = os.tmpname()
+  local script = H.script(body, H.paths() .. CHILD_PRELUDE:format(pidfile))
+  local redirect = opts.stderr == false and " 2>/dev/null" or " 2>&1"
+  local command = (opts.command or "lua5.4 %s"):format(script)
+  return setmetatable({
+    pidfile = pidfile, script = script,
+    pipe = io.popen("{ " .. command .. "; }" .. redirect),
+  }, Child)
+end
+
+function Child:pids()
+  self.announced = self.announced or H.wait_pids(self.pidfile)
+  return self.announced
+end
+
+function Child:kill(sig)
+  os.execute(("kill -%s %d"):format(sig, self:pids()[1]))
+end
+
+function Child:wait()
+  local out = self.pipe:read("a")
+  local _, _, code = self.pipe:close()
+  os.remove(self.pidfile)
+  os.remove(self.script)
+  return out, code
+end
+
+--- The interactive interpreter (lua5.4 -i) fed 'typed' (a list of lines)
+-- through a pipe, as a user at the prompt would type them, with our
+-- package paths set first; a child handle as H.run_child's.
+function H.repl(typed)
+  return H.run_child(table.concat(typed, "\n") .. "\n",
+                     { command = "lua5.4 -i < %s" })
+end
+
+--- The descriptors of process 'pid' as `ls -l` shows them ("" once it is
+-- gone); listed into a file, not a pipe, which would be among them.
+function H.fd_listing(pid)
+  local out = os.tmpname()
+  os.execute(("ls -l /proc/%d/fd > %s 2>/dev/null"):format(pid, out))
+  local text = H.read(out) or ""
+  os.remove(out)
+  return text
 end
 
 --- The start methods every process spec runs under.

@@ -5,10 +5,7 @@ local mp = require "multiprocessing"
 local core = require "multiprocessing.core"
 local H = require "helpers"
 
-local LUA = "lua5.4"
 local BUILD = os.getenv("LUA_MP_BUILD") or "build"
-local HERE = "package.path = " .. ("%q"):format(package.path) ..
-             "; package.cpath = " .. ("%q"):format(package.cpath) .. "; "
 
 local function now()
   local f = io.popen("date +%s.%N")
@@ -17,28 +14,16 @@ local function now()
   return t
 end
 
-local function write_file(path, text)
-  local f = assert(io.open(path, "w"))
-  f:write(text)
-  f:close()
-end
-
-local function run_script(body)
-  return H.script(body, HERE)
-end
-
 -- A module directory on package.path for the whole file.
 local MODDIR = os.tmpname()
 os.remove(MODDIR)
 os.execute("mkdir -p " .. MODDIR)
-write_file(MODDIR .. "/spawnspec_mod.lua", [[
+H.write(MODDIR .. "/spawnspec_mod.lua", [[
 local M = { state = "initialised by require" }
 function M.work(i, x) return ("mod %d %s %s"):format(i, tostring(x), M.state) end
 return M
 ]])
 package.path = MODDIR .. "/?.lua;" .. package.path
-HERE = "package.path = " .. ("%q"):format(package.path) ..
-       "; package.cpath = " .. ("%q"):format(package.cpath) .. "; "
 local mymod = require "spawnspec_mod"
 mymod.state = "changed in the parent"
 
@@ -209,20 +194,18 @@ for _, method in ipairs({ "spawn", "forkserver" }) do
     end)
 
     it("runs a function defined at the lua5.4 -i prompt", function()
-      local input = os.tmpname()
-      write_file(input, HERE .. "\n" ..
-        "mp = require 'multiprocessing'\n" ..
-        "k = 7\n" ..
-        "local_up = 3\n" ..
-        "function f(i, a) return a * 10 + i end\n" ..
-        ("r = mp.start_processes(f, { 4 }, 2, true, false, %q)\n"):format(method) ..
-        "print('results', r[1], r[2], r.n)\n" ..
-        "function g() return h() end\n" ..
-        "function h() end\n" ..
-        ("ok, e = pcall(mp.start_processes, g, {}, 1, true, false, %q)\n"):format(method) ..
-        "print(ok, e.msg)\n")
-      local out = H.sh(LUA .. " -i < " .. input .. " 2>&1")
-      os.remove(input)
+      local out = H.repl({
+        "mp = require 'multiprocessing'",
+        "k = 7",
+        "local_up = 3",
+        "function f(i, a) return a * 10 + i end",
+        ("r = mp.start_processes(f, { 4 }, 2, true, false, %q)"):format(method),
+        "print('results', r[1], r[2], r.n)",
+        "function g() return h() end",
+        "function h() end",
+        ("ok, e = pcall(mp.start_processes, g, {}, 1, true, false, %q)"):format(method),
+        "print(ok, e.msg)",
+      }):wait()
       assert.truthy(out:find("results\t40\t41\t2", 1, true), out)
       assert.truthy(out:find("attempt to call a nil value (global 'h')", 1, true), out)
       assert.truthy(out:find("hint: the parent has a global 'h'", 1, true), out)
@@ -265,7 +248,7 @@ describe("the executable", function()
 
   it("a worker executable that cannot start fails the start with its reason", function()
     local fake = os.tmpname()
-    write_file(fake, "#!/nonexistent/interpreter\n")
+    H.write(fake, "#!/nonexistent/interpreter\n")
     os.execute("chmod +x " .. fake)
     mp.set_executable(fake)
     local ok, err = pcall(mp.start_processes, function() end, {}, 2, true, false, "spawn")
@@ -278,14 +261,14 @@ describe("the executable", function()
 
   it("the worker executable is the default in an embedding host", function()
     local exe = BUILD .. "/multiprocessing/worker"
-    local out = H.sh(exe .. " -e " .. ("%q"):format(HERE .. [[
+    local out = H.run_child([[
       local mp = require "multiprocessing"
       print(mp.get_executable())
       for _, m in ipairs({ "spawn", "forkserver" }) do
         local r = mp.start_processes(function(i) return i * 2 end, {}, 2, true, false, m)
         print(m, r[1], r[2])
       end
-    ]]) .. " 2>&1")
+    ]], { command = exe .. " -e 'dofile(\"%s\")'" }):wait()
     local real = H.sh("readlink -f " .. exe):gsub("\n$", "")
     assert.are.equal(real .. "\nspawn\t0\t2\nforkserver\t0\t2\n", out)
   end)
@@ -318,30 +301,25 @@ describe("the forkserver", function()
   end)
 
   it("its workers and itself die when the parent is SIGKILLed", function()
-    local pidfile = os.tmpname()
-    local script = run_script(([[
+    local child = H.run_child([[
       local mp = require "multiprocessing"
       local ctx = mp.start_processes(function() os.execute("sleep 30") end, {}, 2, false, false, "forkserver")
-      local f = io.open(%q, "w")
-      f:write(io.open("/proc/self/stat"):read("a"):match("^%%d+"), " ",
-              require("multiprocessing.core")._forkserver_info().pid, " ", table.concat(ctx:pids(), " "))
-      f:close()
+      local pids = ctx:pids()
+      table.insert(pids, 1, require("multiprocessing.core")._forkserver_info().pid)
+      announce(pids)
       ctx:join()
-    ]]):format(pidfile))
-    local sh = io.popen(LUA .. " " .. script .. " 2>/dev/null")
-    local list = H.wait_pids(pidfile)
+    ]], { stderr = false })
+    local list = child:pids()
     assert.are.equal(4, #list)
-    os.execute("kill -KILL " .. list[1])
-    sh:close()
-    os.remove(pidfile)
-    os.remove(script)
+    child:kill("KILL")
+    child:wait()
     for i = 2, 4 do
       assert.is_true(H.eventually(function() return not H.alive(list[i]) end, 5))
     end
   end)
 
   it("leaves no zombie and no running server when the state closes", function()
-    local script = run_script([[
+    local out = H.run_child([[
       -- finalisers run in reverse order: this one runs after the server's
       setmetatable({}, { __gc = function()
         local pid = io.open("/proc/self/stat"):read("a"):match("^%d+")
@@ -351,9 +329,7 @@ describe("the forkserver", function()
       local mp = require "multiprocessing"
       mp.start_processes(function() end, {}, 2, true, false, "forkserver")
       io.stdout:write("server ", require("multiprocessing.core")._forkserver_info().pid, "\n")
-    ]])
-    local out = H.sh(LUA .. " " .. script .. " 2>&1")
-    os.remove(script)
+    ]]):wait()
     local pid = tonumber(out:match("server (%d+)"))
     assert.is_truthy(pid, out)
     assert.truthy(out:find("children at close: []", 1, true), out)
@@ -365,14 +341,6 @@ end)
 -- passes and nothing else of the parent's -- not Lua's io.open files (which
 -- are not close-on-exec), not a host's sockets -- as Python's spawn does.
 -- The forkserver too: its workers are forks of it.
-local function fd_targets(pid)
-  local out = os.tmpname()
-  os.execute(("ls -l /proc/%d/fd > %s 2>/dev/null"):format(pid, out))
-  local text = H.read(out) or ""
-  os.remove(out)
-  return text
-end
-
 for _, method in ipairs({ "spawn", "forkserver" }) do
   describe("descriptors a " .. method .. " worker inherits:", function()
     H.leak_check(before_each, after_each)
@@ -395,7 +363,7 @@ for _, method in ipairs({ "spawn", "forkserver" }) do
       end
       local server = H.forkserver()
       if method == "forkserver" and server then
-        assert.is_nil(fd_targets(server.pid):find(path, 1, true))
+        assert.is_nil(H.fd_listing(server.pid):find(path, 1, true))
       end
       for _, fh in ipairs(files) do fh:close() end
       os.remove(path)
