@@ -4,7 +4,7 @@
 ** Wire format.  Numbers of fixed width are little-endian; a varint is
 ** LEB128 (7 bits a byte, low first, at most 10 bytes).
 **
-**   message = MAGIC VERSION varint(n) value{n}      nothing may follow
+**   message = CODEC_MAGIC CODEC_VERSION varint(n) value{n}   nothing follows
 **   value   = T_NIL | T_FALSE | T_TRUE
 **           | T_INT varint(zigzag(i))
 **           | T_FLOAT u64(IEEE 754 bits)          NaN payloads, -0.0 kept
@@ -62,8 +62,8 @@
 #error "the wire format assumes 64-bit Lua integers and double floats"
 #endif
 
-#define MAGIC    0xCD
-#define VERSION  1
+#define CODEC_MAGIC    0xCD   /* byte 0 of every message */
+#define CODEC_VERSION  1      /* byte 1 */
 
 /* Tables and functions nest at most this deep, which bounds the C
 ** recursion of both encoder and decoder (and the Lua stack they use). */
@@ -75,10 +75,14 @@
 #define BUDGET_PER_BYTE 24
 #define BUDGET_BASE     4096
 
-enum {
-  T_NIL, T_FALSE, T_TRUE, T_INT, T_FLOAT, T_STRING, T_TABLE, T_TABLEMT,
-  T_REF, T_GLOBALS, T_MODULE, T_MODFIELD, T_FUNCTION, T_USERDATA, T_UPJOIN
-};
+/* The tag byte that starts every value (the grammar above).  The numbers
+** are the format -- spec/codec_spec.lua and fuzz/make_corpus.lua write
+** them by hand --: a new tag takes the next one, none is renumbered. */
+typedef enum Tag {
+  T_NIL = 0, T_FALSE = 1, T_TRUE = 2, T_INT = 3, T_FLOAT = 4, T_STRING = 5,
+  T_TABLE = 6, T_TABLEMT = 7, T_REF = 8, T_GLOBALS = 9, T_MODULE = 10,
+  T_MODFIELD = 11, T_FUNCTION = 12, T_USERDATA = 13, T_UPJOIN = 14
+} Tag;
 
 /* registry key of the table tname -> light userdata (const mp_CodecType *) */
 #define TYPES_KEY  "multiprocessing.codec.types"
@@ -97,11 +101,7 @@ static int fail (lua_State *L, const char *fmt, ...) {
 }
 
 
-/*
-** {==================================================================
-** The box: the encoding's bytes and descriptors
-** ===================================================================
-*/
+/* --- the box: the encoding's bytes and descriptors ----------------------- */
 
 typedef struct Box {
   char *data;
@@ -164,14 +164,8 @@ static void box_add_fd (lua_State *L, Box *b, int fd) {
   b->fds[b->nfds++] = fd;
 }
 
-/* }================================================================== */
 
-
-/*
-** {==================================================================
-** Encoder
-** ===================================================================
-*/
+/* --- the encoder --------------------------------------------------------- */
 
 /* Stack slots of an encoding, as offsets from the box (e->box_idx).  Tables
 ** start as nil and are made when first needed, so that a message of plain
@@ -274,13 +268,10 @@ static int lazy_table (Enc *e, int slot) {
 }
 
 
-/*
-** {------------------------------------------------------------------
-** Paths: how the value being encoded was reached, for error messages.
-** Steps live on the C stack of the recursion and cost nothing until a
-** message needs them.
-** -------------------------------------------------------------------
-*/
+/* --- the encoder: paths to values, for error messages -------------------- */
+
+/* How the value being encoded was reached.  Steps live on the C stack of
+** the recursion and cost nothing until a message needs them. */
 
 enum {
   STEP_TOP,      /* value i of the message: names[i] */
@@ -457,30 +448,25 @@ static void enter (Enc *e, const Step *at) {
   luaL_checkstack(e->L, 8, NULL);
 }
 
-/* }------------------------------------------------------------------ */
 
-
-/*
-** {------------------------------------------------------------------
-** Module references
-** -------------------------------------------------------------------
-*/
+/* --- the encoder: module references -------------------------------------- */
 
 static void index_entry (Enc *e, int v, int name, int field) {
   lua_State *L = e->L;
   int mods = e->box_idx + S_MODULES;
-  lua_pushvalue(L, v);
-  if (lua_rawget(L, mods) == LUA_TNIL) {  /* the first name found stays */
-    lua_pushvalue(L, v);
-    lua_pushvalue(L, name);
-    lua_rawset(L, mods);
+  lua_pushvalue(L, v);                            /* v */
+  if (lua_rawget(L, mods) == LUA_TNIL) {          /* known */
+    /* the first name found stays */
+    lua_pushvalue(L, v);                          /* nil v */
+    lua_pushvalue(L, name);                       /* nil v name */
+    lua_rawset(L, mods);                          /* nil */
     if (field) {
-      lua_pushvalue(L, v);
-      lua_pushvalue(L, field);
-      lua_rawset(L, mods + 1);  /* S_FIELDS */
+      lua_pushvalue(L, v);                        /* nil v */
+      lua_pushvalue(L, field);                    /* nil v field */
+      lua_rawset(L, mods + 1);  /* S_FIELDS */    /* nil */
     }
   }
-  lua_pop(L, 1);
+  lua_pop(L, 1);                                  /* */
 }
 
 /* Indexes the function fields of the module at 'mod'.  The Lua functions
@@ -488,13 +474,13 @@ static void index_entry (Enc *e, int v, int name, int field) {
 ** can require: they are left to be sent as bytecode. */
 static void index_fields (Enc *e, int name, int mod, int globals) {
   lua_State *L = e->L;
-  lua_pushnil(L);
-  while (lua_next(L, mod)) {
+  lua_pushnil(L);                                 /* nil */
+  while (lua_next(L, mod)) {                      /* key value */
     if (lua_type(L, -2) == LUA_TSTRING && lua_isfunction(L, -1) &&
         !(globals && !lua_iscfunction(L, -1)))
       index_entry(e, lua_gettop(L), name, lua_gettop(L) - 1);
-    lua_pop(L, 1);
-  }
+    lua_pop(L, 1);                                /* key */
+  }                                               /* */
 }
 
 /* Builds the reverse index of package.loaded, once per message that needs
@@ -507,8 +493,8 @@ static void index_modules (Enc *e) {
   lua_newtable(L);
   lua_replace(L, e->box_idx + S_FIELDS);
   if (lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE) == LUA_TTABLE) {
-    lua_pushnil(L);
-    while (lua_next(L, -2)) {
+    lua_pushnil(L);                               /* loaded nil */
+    while (lua_next(L, -2)) {                     /* loaded name mod */
       int mod = lua_gettop(L);
       if (lua_type(L, mod - 1) == LUA_TSTRING) {
         int globals = lua_rawequal(L, mod, e->box_idx + S_GLOBALS);
@@ -517,10 +503,10 @@ static void index_modules (Enc *e) {
         if (lua_istable(L, mod))
           index_fields(e, mod - 1, mod, globals);
       }
-      lua_pop(L, 1);
+      lua_pop(L, 1);                              /* loaded name */
     }
   }
-  lua_pop(L, 1);
+  lua_pop(L, 1);                                  /* */
 }
 
 /* Writes a module reference for the value at 'v' when it is a module or a
@@ -531,13 +517,13 @@ static int put_module (Enc *e, int v) {
   size_t len;
   const char *s;
   if (lua_isnil(L, mods)) index_modules(e);
-  lua_pushvalue(L, v);
-  if (lua_rawget(L, mods) == LUA_TNIL) {
-    lua_pop(L, 1);
+  lua_pushvalue(L, v);                            /* v */
+  if (lua_rawget(L, mods) == LUA_TNIL) {          /* name */
+    lua_pop(L, 1);                                /* */
     return 0;
   }
-  lua_pushvalue(L, v);
-  lua_rawget(L, mods + 1);  /* S_FIELDS */
+  lua_pushvalue(L, v);                            /* name v */
+  lua_rawget(L, mods + 1);  /* S_FIELDS */        /* name field */
   put_byte(e, lua_isnil(L, -1) ? T_MODULE : T_MODFIELD);
   s = lua_tolstring(L, -2, &len);
   put_lstring(e, s, len);
@@ -545,7 +531,7 @@ static int put_module (Enc *e, int v) {
     s = lua_tolstring(L, -1, &len);
     put_lstring(e, s, len);
   }
-  lua_pop(L, 2);
+  lua_pop(L, 2);                                  /* */
   return 1;
 }
 
@@ -560,8 +546,8 @@ static int is_module (Enc *e, int v) {
   return v;
 }
 
-/* }------------------------------------------------------------------ */
 
+/* --- the encoder: values ------------------------------------------------- */
 
 /* Writes a reference when the object at 'o' was met before in this
 ** message and returns 1; otherwise numbers it (e->nobjs) and returns 0. */
@@ -707,21 +693,23 @@ static void encode_function (Enc *e, int f, const Step *at) {
 ** be the one registered under its __name, not a copy of the name. */
 static const mp_CodecType *find_type (lua_State *L, int u) {
   const mp_CodecType *type = NULL;
-  int t = luaL_getmetafield(L, u, "__name");
+  int top = mp_stack_top(L);
+  int t = luaL_getmetafield(L, u, "__name");          /* name */
   if (t != LUA_TSTRING) {
-    if (t != LUA_TNIL) lua_pop(L, 1);
+    if (t != LUA_TNIL) lua_pop(L, 1);                 /* */
     return NULL;
   }
-  lua_getfield(L, LUA_REGISTRYINDEX, TYPES_KEY);
-  lua_pushvalue(L, -2);
+  lua_getfield(L, LUA_REGISTRYINDEX, TYPES_KEY);      /* name types */
+  lua_pushvalue(L, -2);                               /* name types name */
   if (lua_istable(L, -2) && lua_rawget(L, -2) == LUA_TLIGHTUSERDATA) {
-    lua_getmetatable(L, u);
-    luaL_getmetatable(L, lua_tostring(L, -4));
+    lua_getmetatable(L, u);                       /* name types type mt */
+    luaL_getmetatable(L, lua_tostring(L, -4));    /* ... type mt named */
     if (lua_rawequal(L, -1, -2))
       type = (const mp_CodecType *)lua_touserdata(L, -3);
-    lua_pop(L, 2);
+    lua_pop(L, 2);                                    /* name types type */
   }
-  lua_pop(L, 3);
+  lua_pop(L, 3);                                      /* */
+  mp_stack_check(L, top, 0);
   return type;
 }
 
@@ -730,17 +718,17 @@ static const mp_CodecType *find_type (lua_State *L, int u) {
 static void keep_alive_as (Enc *e, int u, int held) {
   lua_State *L = e->L;
   u = lua_absindex(L, u);
-  if (lua_getiuservalue(L, e->box_idx, 1) == LUA_TNIL) {
-    lua_pop(L, 1);
-    lua_newtable(L);
-    lua_pushvalue(L, -1);
-    lua_setiuservalue(L, e->box_idx, 1);
+  if (lua_getiuservalue(L, e->box_idx, 1) == LUA_TNIL) {   /* kept */
+    lua_pop(L, 1);                                         /* */
+    lua_newtable(L);                                       /* kept */
+    lua_pushvalue(L, -1);                                  /* kept kept */
+    lua_setiuservalue(L, e->box_idx, 1);                   /* kept */
   }
-  lua_pushvalue(L, u);
-  if (held) lua_pushliteral(L, "held");
+  lua_pushvalue(L, u);                                     /* kept u */
+  if (held) lua_pushliteral(L, "held");                    /* kept u mark */
   else lua_pushboolean(L, 1);
-  lua_rawset(L, -3);
-  lua_pop(L, 1);
+  lua_rawset(L, -3);                                       /* kept */
+  lua_pop(L, 1);                                           /* */
 }
 
 static void keep_alive (Enc *e, int u) {
@@ -805,8 +793,8 @@ void mp_encode (lua_State *L, int first, int n, int flags,
   e.to = to;
   for (i = S_SEEN; i < S_GLOBALS; i++) lua_pushnil(L);
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_GLOBALS);
-  put_byte(&e, MAGIC);
-  put_byte(&e, VERSION);
+  put_byte(&e, CODEC_MAGIC);
+  put_byte(&e, CODEC_VERSION);
   put_varint(&e, (lua_Unsigned)n);
   for (i = 0; i < n; i++) {
     Step top = {NULL, STEP_TOP, NULL, 0, 0};
@@ -861,14 +849,8 @@ void mp_encoded_close (lua_State *L, int box) {
   lua_setiuservalue(L, box, 1);
 }
 
-/* }================================================================== */
 
-
-/*
-** {==================================================================
-** Decoder
-** ===================================================================
-*/
+/* --- the decoder --------------------------------------------------------- */
 
 struct mp_Reader {
   lua_State *L;
@@ -1277,11 +1259,11 @@ int mp_decode (lua_State *L, const char *data, size_t size, int flags,
   d.nobjs = 0;
   d.budget = size > (SIZE_MAX - BUDGET_BASE) / BUDGET_PER_BYTE
              ? SIZE_MAX : BUDGET_PER_BYTE * size + BUDGET_BASE;
-  if (size < 2 || (unsigned char)data[0] != MAGIC)
+  if (size < 2 || (unsigned char)data[0] != CODEC_MAGIC)
     fail(L, "bad message: not from this codec (no magic byte)");
-  if (data[1] != VERSION)
+  if (data[1] != CODEC_VERSION)
     fail(L, "bad message: codec version %d, expected %d",
-         (unsigned char)data[1], VERSION);
+         (unsigned char)data[1], CODEC_VERSION);
   d.p += 2;
   n = get_varint(&d);
   need(&d, n, 1, "a message of %s values");
@@ -1315,8 +1297,8 @@ int mp_read_fd (lua_State *L, mp_Reader *r) {
   return fd;
 }
 
-/* }================================================================== */
 
+/* --- codec types --------------------------------------------------------- */
 
 void mp_codec_register (lua_State *L, const mp_CodecType *type) {
   if (lua_getfield(L, LUA_REGISTRYINDEX, TYPES_KEY) != LUA_TTABLE) {
@@ -1331,11 +1313,7 @@ void mp_codec_register (lua_State *L, const mp_CodecType *type) {
 }
 
 
-/*
-** {==================================================================
-** core.encode, core.decode: the codec from Lua, for specs and tools
-** ===================================================================
-*/
+/* --- core.encode, core.decode: the codec from Lua, for specs and tools --- */
 
 /* core.encode(opts, v1, ..., vn) -> string, fd1, ...
 ** opts: a boolean (allow functions) or a table {functions=, names=, to=}.
@@ -1441,5 +1419,3 @@ void mp_open_codec (lua_State *L) {
   };
   luaL_setfuncs(L, funcs, 0);
 }
-
-/* }================================================================== */
