@@ -64,8 +64,10 @@ typedef struct mp_Reports {
 /* Where a worker reports to: the memfd and its end of the socket. */
 typedef struct mp_ReportTo { int fd, sock; } mp_ReportTo;
 
-#define MP_REPORT_ERROR   1
-#define MP_REPORT_RESULT  2
+/* A report's kind, in its header in the memfd: explicit values. */
+typedef enum mp_ReportKind {
+  MP_REPORT_NONE = 0, MP_REPORT_ERROR = 1, MP_REPORT_RESULT = 2
+} mp_ReportKind;
 
 /* A report taken by the parent: the bytes (malloc'd) and the descriptors
 ** that came with them (malloc'd; a decoder sets the ones it takes to -1). */

@@ -5,7 +5,7 @@
 ** again for each worker: torch #133010), into a sealed memfd that every
 ** worker maps.
 **
-** Layout: Header, then two codec messages:
+** Layout: PayloadHeader, then two codec messages:
 **   environment  {path, cpath, cwd, arg, environ, sharing, daemon} in
 **                MP_CODEC_DATA: it is applied first, because decoding fn
 **                may require modules, which needs the parent's package.path
@@ -31,13 +31,13 @@
 #include "sharing.h"
 
 #define PAYLOAD_T "multiprocessing.Payload"
-#define MAGIC "LMPPAYL1"
+#define PAYLOAD_MAGIC "LMPPAYL1"
 #define TO "to a spawned process: pass it differently or use start_method \"fork\""
 
-typedef struct Header {
+typedef struct PayloadHeader {
   char magic[8];
   uint64_t env_size, main_size;
-} Header;
+} PayloadHeader;
 
 /* --- the parent's side --------------------------------------------------- */
 
@@ -163,16 +163,16 @@ void mp_payload_close(mp_Payload *p) {
   p->fd = -1;
 }
 
-static int holder_gc(lua_State *L) {
+static int payload_gc(lua_State *L) {
   mp_payload_close(&((Holder *)luaL_checkudata(L, 1, PAYLOAD_T))->p);
   return 0;
 }
 
 static int write_payload(int fd, const mp_Encoded *env, const mp_Encoded *m) {
-  Header h;
+  PayloadHeader h;
   int err;
   memset(&h, 0, sizeof h);
-  memcpy(h.magic, MAGIC, sizeof h.magic);
+  memcpy(h.magic, PAYLOAD_MAGIC, sizeof h.magic);
   h.env_size = env->size;
   h.main_size = m->size;
   if ((err = mp_write_all(fd, (const char *)&h, sizeof h)) != 0 ||
@@ -202,7 +202,7 @@ static int build(lua_State *L) {
   h->p.fds = NULL;
   h->p.nfds = 0;
   if (luaL_newmetatable(L, PAYLOAD_T)) {
-    lua_pushcfunction(L, holder_gc);
+    lua_pushcfunction(L, payload_gc);
     lua_setfield(L, -2, "__gc");
   }
   lua_setmetatable(L, -2);
@@ -355,7 +355,7 @@ static int raise_upvalue(lua_State *L) {
 static int map_payload(lua_State *L, int fd, Load *ld, void **map,
                        size_t *size) {
   struct stat st;
-  Header h;
+  PayloadHeader h;
   *map = MAP_FAILED;
   if (fstat(fd, &st) != 0) {
     mp_push_errno(L, "fstat", errno);
@@ -372,7 +372,7 @@ static int map_payload(lua_State *L, int fd, Load *ld, void **map,
     return 0;
   }
   memcpy(&h, *map, sizeof h);
-  if (memcmp(h.magic, MAGIC, sizeof h.magic) != 0 ||
+  if (memcmp(h.magic, PAYLOAD_MAGIC, sizeof h.magic) != 0 ||
       h.env_size > *size - sizeof h ||
       h.main_size != *size - sizeof h - h.env_size) {
     lua_pushliteral(L, "bad payload: bad header");

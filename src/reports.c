@@ -41,14 +41,14 @@
 #define SLOT_SIZE ((off_t)1 << 32)   /* a report may take up to 4 GiB */
 #define EXIT_AT    MP_LEDGER_BYTES   /* in a slot: the ExitRecord */
 #define REPORT_AT  (EXIT_AT + (off_t)sizeof(ExitRecord))
-#define MAX_REPORT (SLOT_SIZE - REPORT_AT - (off_t)sizeof(Header))
-#define MAX_REPORT_FDS (1u << 20)    /* more than any process may hold */
+#define REPORT_SIZE_MAX (SLOT_SIZE - REPORT_AT - (off_t)sizeof(ReportHeader))
+#define REPORT_FDS_MAX (1u << 20)    /* more than any process may hold */
 
-typedef struct Header {
-  uint32_t kind;     /* 0: no report, else MP_REPORT_ERROR or _RESULT */
+typedef struct ReportHeader {
+  uint32_t kind;     /* an mp_ReportKind; MP_REPORT_NONE: no report */
   uint32_t nfds;     /* descriptors sent through the socket before it */
   uint64_t size;
-} Header;
+} ReportHeader;
 
 typedef struct ExitRecord {
   uint32_t magic;    /* EXIT_MAGIC once written */
@@ -163,7 +163,8 @@ static int stash_take(mp_Reports *r, int rank, size_t n, int *out) {
 }
 
 /* Sends 'fds' as messages of at most MP_MAXFDS. */
-static int send_fds(int sock, int rank, const int *fds, size_t nfds) {
+static int send_report_fds(int sock, int rank, const int *fds,
+                           size_t nfds) {
   while (nfds > 0) {
     size_t n = nfds < MP_MAXFDS ? nfds : MP_MAXFDS;
     FdHeader h;
@@ -214,11 +215,11 @@ int mp_reports_put(const mp_ReportTo *to, int rank, int kind,
                    const char *data, size_t size, const int *fds,
                    size_t nfds) {
   off_t slot = report_at(rank);
-  Header h;
+  ReportHeader h;
   int err;
-  if (size > (size_t)MAX_REPORT || nfds > UINT32_MAX)
+  if (size > (size_t)REPORT_SIZE_MAX || nfds > UINT32_MAX)
     return EFBIG;
-  if (nfds > 0 && (err = send_fds(to->sock, rank, fds, nfds)) != 0)
+  if (nfds > 0 && (err = send_report_fds(to->sock, rank, fds, nfds)) != 0)
     return err;
   err = write_at(to->fd, data, size, slot + (off_t)sizeof h);
   if (err != 0) return err;
@@ -239,16 +240,16 @@ void mp_report_free(mp_Report *rep) {
 
 int mp_reports_take(mp_Reports *r, int rank, int kind, mp_Report *out) {
   off_t slot = report_at(rank);
-  Header h;
+  ReportHeader h;
   int err = 0;
   memset(out, 0, sizeof *out);
   if (r->fd < 0 || read_at(r->fd, &h, sizeof h, slot) != 0 ||
       h.kind != (uint32_t)kind ||
-      h.size > (uint64_t)MAX_REPORT)
+      h.size > (uint64_t)REPORT_SIZE_MAX)
     return 0;
   out->data = malloc((size_t)h.size + 1);
   out->fds = malloc(sizeof(int) * (h.nfds ? h.nfds : 1));
-  if (h.nfds > MAX_REPORT_FDS)
+  if (h.nfds > REPORT_FDS_MAX)
     err = EPROTO;
   else if (out->data == NULL || out->fds == NULL)
     err = ENOMEM;
@@ -280,15 +281,16 @@ static int discard_report(lua_State *L) {
 }
 
 void mp_reports_discard(lua_State *L, mp_Reports *r, int n) {
-  static const int kinds[] = {MP_REPORT_RESULT, MP_REPORT_ERROR};
+  static const mp_ReportKind kinds[] = {MP_REPORT_RESULT, MP_REPORT_ERROR};
   int rank, k;
   for (rank = 0; rank < n; rank++)
     for (k = 0; k < 2; k++) {
       mp_Report rep;
       if (mp_reports_take(r, rank, kinds[k], &rep) <= 0) continue;
-      lua_pushcfunction(L, discard_report);
-      lua_pushlightuserdata(L, &rep);
-      if (lua_pcall(L, 1, 0, 0) != LUA_OK) lua_pop(L, 1);  /* was not ours */
+      lua_pushcfunction(L, discard_report);           /* f */
+      lua_pushlightuserdata(L, &rep);                 /* f rep */
+      if (lua_pcall(L, 1, 0, 0) != LUA_OK)            /* [err] */
+        lua_pop(L, 1);  /* the message was not ours */  /* */
       mp_report_free(&rep);
     }
 }
