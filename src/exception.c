@@ -11,41 +11,44 @@
 
 /* __index: fields first, then the type's own entries (such as __name). */
 static int exception_index(lua_State *L) {
-  lua_getiuservalue(L, 1, 1);
-  lua_pushvalue(L, 2);
-  if (lua_rawget(L, -2) != LUA_TNIL) return 1;
-  lua_getmetatable(L, 1);
-  lua_pushvalue(L, 2);
-  lua_rawget(L, -2);
+  lua_getiuservalue(L, 1, 1);                     /* e key fields */
+  lua_pushvalue(L, 2);                            /* e key fields key */
+  if (lua_rawget(L, -2) != LUA_TNIL) return 1;    /* e key fields v */
+  lua_getmetatable(L, 1);                         /* e key fields nil mt */
+  lua_pushvalue(L, 2);                            /* ... mt key */
+  lua_rawget(L, -2);                              /* ... mt v */
   return 1;
 }
 
 /* tostring(e) == e.msg, so an uncaught exception prints its full text. */
 static int exception_tostring(lua_State *L) {
-  lua_getiuservalue(L, 1, 1);
-  if (lua_getfield(L, -1, "msg") != LUA_TSTRING)
+  lua_getiuservalue(L, 1, 1);                         /* e fields */
+  if (lua_getfield(L, -1, "msg") != LUA_TSTRING)      /* e fields msg */
     lua_pushstring(L, "(process exception without a message)");
   return 1;
 }
 
+/* Pushes the type (metatable) 'tname', a kind of 'parent' (or none). */
 static void new_type(lua_State *L, const char *tname, const char *parent) {
-  luaL_newmetatable(L, tname);
-  lua_pushcfunction(L, exception_index);
-  lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, exception_tostring);
-  lua_setfield(L, -2, "__tostring");
+  luaL_newmetatable(L, tname);                        /* T */
+  lua_pushcfunction(L, exception_index);              /* T f */
+  lua_setfield(L, -2, "__index");                     /* T */
+  lua_pushcfunction(L, exception_tostring);           /* T f */
+  lua_setfield(L, -2, "__tostring");                  /* T */
   if (parent != NULL) {
-    luaL_getmetatable(L, parent);
-    lua_setfield(L, -2, "__parent");
+    luaL_getmetatable(L, parent);                     /* T P */
+    lua_setfield(L, -2, "__parent");                  /* T */
   }
 }
 
 void mp_exception_new(lua_State *L, const char *tname, int fields) {
+  int top = mp_stack_top(L);
   fields = lua_absindex(L, fields);
-  lua_newuserdatauv(L, 0, 1);
-  lua_pushvalue(L, fields);
-  lua_setiuservalue(L, -2, 1);
+  lua_newuserdatauv(L, 0, 1);                         /* e */
+  lua_pushvalue(L, fields);                           /* e fields */
+  lua_setiuservalue(L, -2, 1);                        /* e */
   luaL_setmetatable(L, tname);
+  mp_stack_check(L, top, 1);
 }
 
 /* isinstance(value, T): true when value's type is T or a kind of T.  Any
@@ -54,31 +57,31 @@ void mp_exception_new(lua_State *L, const char *tname, int fields) {
 static int l_isinstance(lua_State *L) {
   luaL_checkany(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
-  if (!lua_getmetatable(L, 1)) {
+  if (!lua_getmetatable(L, 1)) {                      /* v T mt */
     lua_pushboolean(L, 0);
     return 1;
   }
-  for (;;) {
+  for (;;) {                                          /* v T type */
     if (lua_rawequal(L, -1, 2)) {
       lua_pushboolean(L, 1);
       return 1;
     }
-    lua_pushliteral(L, "__parent");
-    if (lua_rawget(L, -2) != LUA_TTABLE) {
+    lua_pushliteral(L, "__parent");                   /* v T type "__parent" */
+    if (lua_rawget(L, -2) != LUA_TTABLE) {            /* v T type parent */
       lua_pushboolean(L, 0);
       return 1;
     }
-    lua_remove(L, -2);
+    lua_remove(L, -2);                                /* v T parent */
   }
 }
 
-void mp_open_exception(lua_State *L) {
-  new_type(L, MP_EXC_BASE, NULL);
-  lua_setfield(L, -2, "ProcessException");
+void mp_open_exception(lua_State *L) {               /* M */
+  new_type(L, MP_EXC_BASE, NULL);                     /* M T */
+  lua_setfield(L, -2, "ProcessException");            /* M */
   new_type(L, MP_EXC_RAISED, MP_EXC_BASE);
   lua_setfield(L, -2, "ProcessRaisedException");
   new_type(L, MP_EXC_EXITED, MP_EXC_BASE);
   lua_setfield(L, -2, "ProcessExitedException");
-  lua_pushcfunction(L, l_isinstance);
-  lua_setfield(L, -2, "isinstance");
+  lua_pushcfunction(L, l_isinstance);                 /* M f */
+  lua_setfield(L, -2, "isinstance");                  /* M */
 }

@@ -45,8 +45,7 @@
 #define TRACKER_KEY  "multiprocessing.tracker"
 #define JOB_KEY      "multiprocessing.tracker.job"  /* a worker's parent */
 
-/* ------------------------------------------------------------------ */
-/* strategies                                                          */
+/* --- strategies ---------------------------------------------------------- */
 
 static const char *const strategy_names[] = {
   "file_descriptor", "file_system", NULL
@@ -93,8 +92,7 @@ static int l_set_strategy(lua_State *L) {
   return 0;
 }
 
-/* ------------------------------------------------------------------ */
-/* the tracker                                                         */
+/* --- the tracker --------------------------------------------------------- */
 
 #define TRACK_N 65536
 
@@ -233,17 +231,17 @@ static Tracker *get_tracker(lua_State *L) {
   pid_t parent = getpid(), pid, job;
   int st = 0;
   void *m;
-  lua_getfield(L, LUA_REGISTRYINDEX, JOB_KEY);
+  lua_getfield(L, LUA_REGISTRYINDEX, JOB_KEY);                /* job */
   job = (pid_t)lua_tointeger(L, -1);
-  lua_pop(L, 1);
+  lua_pop(L, 1);                                              /* */
   if (lua_getfield(L, LUA_REGISTRYINDEX, TRACKER_KEY) == LUA_TUSERDATA) {
-    t = (Tracker *)lua_touserdata(L, -1);
-    lua_pop(L, 1);
+    t = (Tracker *)lua_touserdata(L, -1);                     /* tracker */
+    lua_pop(L, 1);                                            /* */
     if (t->t) return t;
   } else {
-    lua_pop(L, 1);
+    lua_pop(L, 1);                                            /* */
   }
-  t = (Tracker *)lua_newuserdatauv(L, sizeof(Tracker), 0);
+  t = (Tracker *)lua_newuserdatauv(L, sizeof(Tracker), 0);    /* tracker */
   memset(t, 0, sizeof *t);
   luaL_setmetatable(L, TRACKER_T);
   m = mmap(NULL, sizeof(TrackTable), PROT_READ | PROT_WRITE,
@@ -282,7 +280,7 @@ static Tracker *get_tracker(lua_State *L) {
   }
   t->pid = pid;
   t->owner = parent;
-  lua_setfield(L, LUA_REGISTRYINDEX, TRACKER_KEY);
+  lua_setfield(L, LUA_REGISTRYINDEX, TRACKER_KEY);            /* */
   return t;
 }
 
@@ -321,8 +319,7 @@ static void tracker_forget(lua_State *L, mp_Seg *s) {
     __atomic_store_n(&e->state, 0, __ATOMIC_RELEASE);
 }
 
-/* ------------------------------------------------------------------ */
-/* segments                                                            */
+/* --- segments ------------------------------------------------------------ */
 
 static int random_name(char *buf) {
   unsigned char r[16];
@@ -514,8 +511,7 @@ void mp_seg_unlink(lua_State *L, mp_Seg *s) {
   tracker_forget(L, s);
 }
 
-/* ------------------------------------------------------------------ */
-/* mappings shared by the Arrays of a lua_State                        */
+/* --- mappings shared by the Arrays of a lua_State ------------------------ */
 
 #define MAP_T    "multiprocessing.Mapping"
 #define MAPS_KEY "multiprocessing.mappings"  /* identity -> mp_Map, weak */
@@ -545,16 +541,18 @@ static void fd_key(char *key, const struct stat *st) {
            (unsigned long long)st->st_ino);
 }
 
+/* Pushes the cache: key -> mapping, weak in its values. */
 static void push_cache(lua_State *L) {
-  if (lua_getfield(L, LUA_REGISTRYINDEX, MAPS_KEY) == LUA_TTABLE) return;
-  lua_pop(L, 1);
-  lua_newtable(L);
-  lua_createtable(L, 0, 1);
+  if (lua_getfield(L, LUA_REGISTRYINDEX, MAPS_KEY) == LUA_TTABLE)
+    return;                                           /* cache */
+  lua_pop(L, 1);                                      /* */
+  lua_newtable(L);                                    /* cache */
+  lua_createtable(L, 0, 1);                           /* cache mt */
   lua_pushliteral(L, "v");     /* a mapping goes with its last Array */
   lua_setfield(L, -2, "__mode");
-  lua_setmetatable(L, -2);
-  lua_pushvalue(L, -1);
-  lua_setfield(L, LUA_REGISTRYINDEX, MAPS_KEY);
+  lua_setmetatable(L, -2);                            /* cache */
+  lua_pushvalue(L, -1);                               /* cache cache */
+  lua_setfield(L, LUA_REGISTRYINDEX, MAPS_KEY);       /* cache */
 }
 
 /* Pushes and returns the live mapping cached under 'key', or returns NULL
@@ -562,23 +560,23 @@ static void push_cache(lua_State *L) {
 ** collected) does not count. */
 static mp_Map *find_map(lua_State *L, const char *key) {
   mp_Map *m;
-  push_cache(L);
-  lua_getfield(L, -1, key);
+  push_cache(L);                                      /* cache */
+  lua_getfield(L, -1, key);                           /* cache m */
   m = (mp_Map *)luaL_testudata(L, -1, MAP_T);
   if (m && m->seg.base) {
-    lua_remove(L, -2);
+    lua_remove(L, -2);                                /* m */
     return m;
   }
-  lua_pop(L, 2);
+  lua_pop(L, 2);                                      /* */
   return NULL;
 }
 
 /* Caches the mapping at the top of the stack under 'key'. */
-static void remember_map(lua_State *L, const char *key) {
-  push_cache(L);
-  lua_pushvalue(L, -2);
-  lua_setfield(L, -2, key);
-  lua_pop(L, 1);
+static void remember_map(lua_State *L, const char *key) {  /* m */
+  push_cache(L);                                      /* m cache */
+  lua_pushvalue(L, -2);                               /* m cache m */
+  lua_setfield(L, -2, key);                           /* m cache */
+  lua_pop(L, 1);                                      /* m */
 }
 
 /* A mapping found in the cache must still have the size expected: the
@@ -590,7 +588,8 @@ static void check_cached(lua_State *L, const mp_Map *m, size_t size) {
 }
 
 mp_Map *mp_map_create(lua_State *L, size_t size, int kind) {
-  mp_Map *m = new_map(L);
+  int top = mp_stack_top(L);
+  mp_Map *m = new_map(L);                             /* m */
   char key[MAP_KEYLEN];
   struct stat st;
   mp_seg_create(L, &m->seg, size, kind);
@@ -600,11 +599,13 @@ mp_Map *mp_map_create(lua_State *L, size_t size, int kind) {
     fd_key(key, &st);
     remember_map(L, key);
   }
+  mp_stack_check(L, top, 1);
   return m;
 }
 
 mp_Map *mp_map_from_fd(lua_State *L, int fd, size_t size) {
-  mp_Map *m = new_map(L), *hit;
+  int top = mp_stack_top(L);
+  mp_Map *m = new_map(L), *hit;                       /* m */
   char key[MAP_KEYLEN];
   struct stat st;
   int e;
@@ -612,10 +613,11 @@ mp_Map *mp_map_from_fd(lua_State *L, int fd, size_t size) {
   if ((e = check_stat(L, fd, size, &st)) != 0) goto fail;
   fd_key(key, &st);
   /* a hit's seals were checked when it was mapped, and seals stay */
-  if ((hit = find_map(L, key)) != NULL) {
+  if ((hit = find_map(L, key)) != NULL) {             /* m hit */
     mp_seg_close(&m->seg);     /* the duplicate descriptor, at once */
-    lua_remove(L, -2);
+    lua_remove(L, -2);                                /* hit */
     check_cached(L, hit, size);
+    mp_stack_check(L, top, 1);
     return hit;
   }
   if ((e = check_sealed(L, fd)) != 0) goto fail;
@@ -625,6 +627,7 @@ mp_Map *mp_map_from_fd(lua_State *L, int fd, size_t size) {
   }
   m->seg.kind = MP_SEG_FD;
   remember_map(L, key);
+  mp_stack_check(L, top, 1);
   return m;
 fail:
   mp_seg_close(&m->seg);       /* now, not at the next collection */
@@ -636,11 +639,11 @@ mp_Map *mp_map_from_name(lua_State *L, const char *name, size_t size) {
   mp_Map *m;
   /* names are random and never reused: a live mapping of one is its
   ** memory, with no shm_open, fstat, mmap or munmap */
-  if ((m = find_map(L, name)) != NULL) {
+  if ((m = find_map(L, name)) != NULL) {              /* m */
     check_cached(L, m, size);
     return m;
   }
-  m = new_map(L);
+  m = new_map(L);                                     /* m */
   if (mp_seg_from_name(L, &m->seg, name, size) != 0) lua_error(L);
   remember_map(L, name);
   return m;
@@ -654,7 +657,7 @@ void mp_map_release(mp_Map *m) {
   if (m->users > 0 && --m->users == 0) mp_seg_close(&m->seg);
 }
 
-/* ------------------------------------------------------------------ */
+/* --- registration -------------------------------------------------------- */
 
 void mp_open_shm(lua_State *L) {
   static const luaL_Reg funcs[] = {
@@ -668,8 +671,8 @@ void mp_open_shm(lua_State *L) {
     {"__tostring", tracker_tostring}, {NULL, NULL}
   };
   static const luaL_Reg map_meta[] = {{"__gc", map_gc}, {NULL, NULL}};
-  mp_new_class(L, TRACKER_T, tracker_meta, NULL);
-  mp_new_class(L, MAP_T, map_meta, NULL);
-  lua_pop(L, 2);
+  mp_new_class(L, TRACKER_T, tracker_meta, NULL);     /* M tracker_mt */
+  mp_new_class(L, MAP_T, map_meta, NULL);             /* M tracker_mt map_mt */
+  lua_pop(L, 2);                                      /* M */
   luaL_setfuncs(L, funcs, 0);
 }

@@ -39,10 +39,10 @@ int mp_signal_number(const char *name) {
 /* core.signals: name -> number, for scripts that signal their workers. */
 void mp_open_signames(lua_State *L) {
   size_t i;
-  lua_createtable(L, 0, (int)NSIGNAMES);
+  lua_createtable(L, 0, (int)NSIGNAMES);                /* M signals */
   for (i = 0; i < NSIGNAMES; i++) {
-    lua_pushinteger(L, signames[i].num);
-    lua_setfield(L, -2, signames[i].name);
+    lua_pushinteger(L, signames[i].num);                /* M signals num */
+    lua_setfield(L, -2, signames[i].name);              /* M signals */
   }
-  lua_setfield(L, -2, "signals");
+  lua_setfield(L, -2, "signals");                       /* M */
 }
