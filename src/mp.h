@@ -277,6 +277,14 @@ static inline void mp_stack_check(lua_State *L, int top, int effect) {
 }
 #endif
 
+/* Names.  A C function that Lua calls is named for what Lua calls it:
+**   <type>_<name>  a method or metamethod: queue_put, ctx_join,
+**                  lock_acquire, array_fill, tracker_gc
+**   new_<type>     a constructor: new_queue, new_array
+**   l_<name>       any other function of the module: l_isinstance
+** mp_<name> is shared between files (declared here, in sharing.h or in
+** codec.h); every other function is static and named for what it does. */
+
 /* small helpers shared by the parts (core.c) */
 /* Warns through the library's channel: the handler of
 ** mp.set_warning_handler, else one line on stderr. */

@@ -64,7 +64,7 @@ void mp_set_sharing_strategy(lua_State *L, int kind) {
   lua_setfield(L, LUA_REGISTRYINDEX, STRATEGY_KEY);
 }
 
-static int l_get_all_strategies(lua_State *L) {
+static int l_get_all_sharing_strategies(lua_State *L) {
   lua_createtable(L, 0, 2);
   lua_pushboolean(L, 1);
   lua_setfield(L, -2, "file_descriptor");
@@ -73,13 +73,13 @@ static int l_get_all_strategies(lua_State *L) {
   return 1;
 }
 
-static int l_get_strategy(lua_State *L) {
+static int l_get_sharing_strategy(lua_State *L) {
   lua_pushstring(L, mp_sharing_strategy(L) == MP_SEG_NAME
                         ? "file_system" : "file_descriptor");
   return 1;
 }
 
-static int l_set_strategy(lua_State *L) {
+static int l_set_sharing_strategy(lua_State *L) {
   const char *name = luaL_checkstring(L, 1);
   int i;
   for (i = 0; strategy_names[i]; i++)
@@ -661,9 +661,9 @@ void mp_map_release(mp_Map *m) {
 
 void mp_open_shm(lua_State *L) {
   static const luaL_Reg funcs[] = {
-    {"get_all_sharing_strategies", l_get_all_strategies},
-    {"get_sharing_strategy", l_get_strategy},
-    {"set_sharing_strategy", l_set_strategy},
+    {"get_all_sharing_strategies", l_get_all_sharing_strategies},
+    {"get_sharing_strategy", l_get_sharing_strategy},
+    {"set_sharing_strategy", l_set_sharing_strategy},
     {NULL, NULL}
   };
   static const luaL_Reg tracker_meta[] = {
