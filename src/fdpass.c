@@ -13,21 +13,30 @@
 
 #include "mp.h"
 
+/* Room for a control message of MP_MAXFDS descriptors, aligned for it. */
+typedef union Control {
+  char buf[CMSG_SPACE(sizeof(int) * MP_MAXFDS)];
+  struct cmsghdr align;
+} Control;
+
+/* A message of the one buffer 'buf', no control message yet. */
+static void init_msg(struct msghdr *mh, struct iovec *iov, void *buf,
+                     size_t len) {
+  memset(mh, 0, sizeof *mh);
+  iov->iov_base = buf;
+  iov->iov_len = len;
+  mh->msg_iov = iov;
+  mh->msg_iovlen = 1;
+}
+
 ssize_t mp_sendfds(int sock, const void *buf, size_t len,
                    const int *fds, size_t nfds, int flags) {
   struct msghdr mh;
   struct iovec iov;
-  union {
-    char buf[CMSG_SPACE(sizeof(int) * MP_MAXFDS)];
-    struct cmsghdr align;
-  } u;
+  Control u;
   ssize_t k;
   if (nfds > MP_MAXFDS) return -EINVAL;
-  memset(&mh, 0, sizeof mh);
-  iov.iov_base = (void *)(uintptr_t)buf;
-  iov.iov_len = len;
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
+  init_msg(&mh, &iov, (void *)(uintptr_t)buf, len);
   if (nfds > 0) {
     struct cmsghdr *c;
     memset(&u, 0, sizeof u);
@@ -48,19 +57,12 @@ ssize_t mp_recvfds(int sock, void *buf, size_t len,
                    int *fds, size_t maxfds, size_t *nfds, int flags) {
   struct msghdr mh;
   struct iovec iov;
-  union {
-    char buf[CMSG_SPACE(sizeof(int) * MP_MAXFDS)];
-    struct cmsghdr align;
-  } u;
+  Control u;
   struct cmsghdr *c;
   ssize_t k;
   size_t i;
   *nfds = 0;
-  memset(&mh, 0, sizeof mh);
-  iov.iov_base = buf;
-  iov.iov_len = len;
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
+  init_msg(&mh, &iov, buf, len);
   mh.msg_control = u.buf;
   mh.msg_controllen = sizeof u.buf;
   do k = recvmsg(sock, &mh, flags | MSG_CMSG_CLOEXEC);
