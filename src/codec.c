@@ -588,11 +588,11 @@ static void encode_table (Enc *e, int t, const Step *at) {
   }
   if (put_ref(e, t)) return;
   enter(e, at);
-  mt = lua_getmetatable(L, t) ? lua_gettop(L) : 0;
+  mt = lua_getmetatable(L, t) ? lua_gettop(L) : 0;    /* [mt] */
   if (mt && (e->flags & MP_CODEC_DESCRIBE) &&
       !(e->flags & MP_CODEC_FUNCTIONS) && !is_module(e, mt)) {
     lua_pop(L, 1);  /* described: the fields go, the class stays behind */
-    mt = 0;
+    mt = 0;                                           /* */
   }
   put_byte(e, mt ? T_TABLEMT : T_TABLE);
   n = lua_rawlen(L, t);
@@ -600,12 +600,12 @@ static void encode_table (Enc *e, int t, const Step *at) {
   counter = reserve_u32(e);
   for (i = 1; i <= n; i++) {  /* a border may have holes: they go as nil */
     Step s = {at, STEP_INDEX, NULL, 0, (lua_Integer)i};
-    lua_rawgeti(L, t, (lua_Integer)i);
+    lua_rawgeti(L, t, (lua_Integer)i);                /* [mt] v */
     encode_value(e, lua_gettop(L), &s);
-    lua_pop(L, 1);
+    lua_pop(L, 1);                                    /* [mt] */
   }
-  lua_pushnil(L);
-  while (lua_next(L, t)) {
+  lua_pushnil(L);                                     /* [mt] nil */
+  while (lua_next(L, t)) {                            /* [mt] k v */
     int v = lua_gettop(L);
     if (!(lua_isinteger(L, v - 1) &&
           (lua_Unsigned)lua_tointeger(L, v - 1) - 1 < n)) {
@@ -615,13 +615,13 @@ static void encode_table (Enc *e, int t, const Step *at) {
       encode_value(e, v, &field);
       nhash++;
     }
-    lua_pop(L, 1);
-  }
+    lua_pop(L, 1);                                    /* [mt] k */
+  }                                                   /* [mt] */
   patch_u32(e, counter, nhash, "a table");  /* Lua tables stay far below */
   if (mt) {
     Step s = {at, STEP_META, NULL, 0, 0};
     encode_value(e, mt, &s);
-    lua_pop(L, 1);
+    lua_pop(L, 1);                                    /* */
   }
   e->depth--;
 }
@@ -639,33 +639,33 @@ static void encode_upvalues (Enc *e, int f, lua_Integer id, const Step *at) {
   int upvals = lazy_table(e, S_UPVALS);
   lua_Debug ar;
   int i;
-  lua_pushvalue(L, f);
-  lua_getinfo(L, ">u", &ar);
+  lua_pushvalue(L, f);                                /* f */
+  lua_getinfo(L, ">u", &ar);                          /* */
   put_varint(e, ar.nups);
   for (i = 1; i <= ar.nups; i++) {
     void *uid = lua_upvalueid(L, f, i);
-    lua_pushlightuserdata(L, uid);
-    if (lua_rawget(L, upvals) == LUA_TNUMBER) {
+    lua_pushlightuserdata(L, uid);                    /* uid */
+    if (lua_rawget(L, upvals) == LUA_TNUMBER) {       /* where */
       lua_Unsigned where = (lua_Unsigned)lua_tointeger(L, -1);
       put_byte(e, T_UPJOIN);
       put_varint(e, where >> 8);
       put_varint(e, where & 0xFF);
     }
     else {  /* MAXUPVAL is 255: the index fits in 8 bits */
-      Step s = {at, STEP_UPVALUE, NULL, 0, 0};
-      lua_pushlightuserdata(L, uid);
-      lua_pushinteger(L, id * 256 + i);
-      lua_rawset(L, upvals);
-      s.name = lua_getupvalue(L, f, i);
+      Step s = {at, STEP_UPVALUE, NULL, 0, 0};        /* nil */
+      lua_pushlightuserdata(L, uid);                  /* nil uid */
+      lua_pushinteger(L, id * 256 + i);               /* nil uid where */
+      lua_rawset(L, upvals);                          /* nil */
+      s.name = lua_getupvalue(L, f, i);               /* nil value */
       /* A function's globals are the receiver's, whatever table the
       ** sender ran it with (busted, sandboxes): nothing of it is copied. */
       if (strcmp(s.name, "_ENV") == 0 && lua_istable(L, -1))
         put_byte(e, T_GLOBALS);
       else
         encode_value(e, lua_gettop(L), &s);
-      lua_pop(L, 1);
+      lua_pop(L, 1);                                  /* nil */
     }
-    lua_pop(L, 1);
+    lua_pop(L, 1);                                    /* */
   }
 }
 
@@ -1063,22 +1063,22 @@ static void decode_table (Dec *d, int hasmt) {
 }
 
 /* Replaces the module name on top with require(name). */
-static void require_module (Dec *d) {
+static void require_module (Dec *d) {                 /* name */
   lua_State *L = d->L;
   if (lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE) == LUA_TTABLE) {
-    lua_pushvalue(L, -2);
-    lua_rawget(L, -2);
-    lua_remove(L, -2);
+    lua_pushvalue(L, -2);                             /* name loaded name */
+    lua_rawget(L, -2);                                /* name loaded mod */
+    lua_remove(L, -2);                                /* name mod */
   }
   if (!lua_toboolean(L, -1)) {  /* not loaded yet: what require would do */
-    lua_pop(L, 1);
-    if (lua_getglobal(L, "require") != LUA_TFUNCTION)
+    lua_pop(L, 1);                                    /* name */
+    if (lua_getglobal(L, "require") != LUA_TFUNCTION) /* name require */
       bad(d, "module '%s' is not loaded and there is no require",
           lua_tostring(L, -2));
-    lua_pushvalue(L, -2);
-    lua_call(L, 1, 1);
+    lua_pushvalue(L, -2);                             /* name require name */
+    lua_call(L, 1, 1);                                /* name mod */
   }
-  lua_remove(L, -2);
+  lua_remove(L, -2);                                  /* mod */
 }
 
 static void decode_module (Dec *d, int field) {
@@ -1095,20 +1095,20 @@ static void decode_module (Dec *d, int field) {
     require_module(d);
     return;
   }
-  push_lstring(d, "a field name of %s bytes");
-  lua_insert(L, -2);
-  require_module(d);
+  push_lstring(d, "a field name of %s bytes");        /* name field */
+  lua_insert(L, -2);                                  /* field name */
+  require_module(d);                                  /* field mod */
   if (lua_istable(L, -1)) {
-    lua_pushvalue(L, -2);
-    lua_rawget(L, -2);
+    lua_pushvalue(L, -2);                             /* field mod field */
+    lua_rawget(L, -2);                                /* field mod f */
   }
-  else lua_pushnil(L);
+  else lua_pushnil(L);                                /* field mod nil */
   if (!lua_isfunction(L, -1)) {
     d->p = at;
     bad(d, "module has no function '%s'", lua_tostring(L, -3));
   }
-  lua_replace(L, -3);
-  lua_pop(L, 1);
+  lua_replace(L, -3);                                 /* f mod */
+  lua_pop(L, 1);                                      /* f */
 }
 
 /* T_UPJOIN: upvalue 'i' of the function at 'f' becomes upvalue 'n' of an
@@ -1117,16 +1117,16 @@ static void join_upvalue (Dec *d, int f, int i) {
   lua_State *L = d->L;
   const char *at = d->p;
   lua_Unsigned n;
-  push_ref(d);
+  push_ref(d);                                        /* g */
   n = get_varint(d);
   if (!lua_isfunction(L, -1) || lua_iscfunction(L, -1) || n < 1 || n > 255 ||
-      lua_getupvalue(L, -1, (int)n) == NULL) {
+      lua_getupvalue(L, -1, (int)n) == NULL) {        /* g up */
     d->p = at;
     bad(d, "bad upvalue reference");
   }
-  lua_pop(L, 1);
+  lua_pop(L, 1);                                      /* g */
   lua_upvaluejoin(L, f, i, -1, (int)n);
-  lua_pop(L, 1);
+  lua_pop(L, 1);                                      /* */
 }
 
 static void decode_function (Dec *d) {
