@@ -305,8 +305,8 @@ describe("the Arrays of one process on the same memory", function()
   H.leak_check(before_each, after_each)
 
   -- An encoded int32 Array without a lock, of n elements, claiming m
-  -- instead (src/array.c's Wire: how, ctype, isvalue, locked, 4 pad bytes,
-  -- n).
+  -- instead (src/array.c's ArrayWire: how, ctype (E_INT32 = 2), isvalue,
+  -- locked, 4 pad bytes, n).
   local function resize(s, how, n, m)
     local wire = how .. "\2\0" .. ("\0"):rep(5)
     local i = assert(s:find(wire .. string.pack("<I8", n), 1, true))

@@ -41,21 +41,32 @@
 #define HDR_SIZE 64
 #define MAX_BYTES ((size_t)1 << 46)
 
-enum { T_INT, T_UINT, T_FLOAT, T_CHAR };
+/* The element types.  The number is in a shared segment's header and in
+** an encoded Array (ArrayWire): explicit values, never renumbered. */
+typedef enum ElemType {
+  E_INT8 = 0, E_INT16 = 1, E_INT32 = 2, E_INT64 = 3,
+  E_UINT8 = 4, E_UINT16 = 5, E_UINT32 = 6, E_UINT64 = 7,
+  E_FLOAT = 8, E_DOUBLE = 9, E_CHAR = 10
+} ElemType;
+#define NCTYPES 11
+
+typedef enum ElemKind { K_SIGNED, K_UNSIGNED, K_REAL, K_CHAR } ElemKind;
 
 typedef struct CType {
   const char *name;
   unsigned char size;
-  unsigned char kind;
+  ElemKind kind;
 } CType;
 
-static const CType ctypes[] = {
-  {"int8", 1, T_INT}, {"int16", 2, T_INT}, {"int32", 4, T_INT},
-  {"int64", 8, T_INT}, {"uint8", 1, T_UINT}, {"uint16", 2, T_UINT},
-  {"uint32", 4, T_UINT}, {"uint64", 8, T_UINT}, {"float", 4, T_FLOAT},
-  {"double", 8, T_FLOAT}, {"char", 1, T_CHAR},
+static const CType ctypes[NCTYPES] = {
+  [E_INT8] = {"int8", 1, K_SIGNED},     [E_INT16] = {"int16", 2, K_SIGNED},
+  [E_INT32] = {"int32", 4, K_SIGNED},   [E_INT64] = {"int64", 8, K_SIGNED},
+  [E_UINT8] = {"uint8", 1, K_UNSIGNED}, [E_UINT16] = {"uint16", 2, K_UNSIGNED},
+  [E_UINT32] = {"uint32", 4, K_UNSIGNED},
+  [E_UINT64] = {"uint64", 8, K_UNSIGNED},
+  [E_FLOAT] = {"float", 4, K_REAL},     [E_DOUBLE] = {"double", 8, K_REAL},
+  [E_CHAR] = {"char", 1, K_CHAR},
 };
-#define NCTYPES ((int)(sizeof ctypes / sizeof ctypes[0]))
 
 /* aliases, including Python's array/ctypes typecodes */
 static const struct { const char *alias; const char *name; } aliases[] = {
@@ -78,13 +89,14 @@ typedef struct ArrHdr {
 typedef struct Array {
   unsigned char *data;    /* the elements; NULL once closed */
   size_t n;
-  int ct;
+  ElemType ct;
   int isvalue;
   int locked;             /* has a lock (uservalue 2) */
   pid_t refpid;           /* the process whose reference this object holds */
   mp_Map *map;            /* when shared: the mapping (also uservalue 1) */
 } Array;
 
+/* The element type named 'name' (or an alias), or -1. */
 static int find_ctype(const char *name) {
   int i;
   size_t j;
@@ -95,13 +107,13 @@ static int find_ctype(const char *name) {
   return -1;
 }
 
-static int check_ctype(lua_State *L, int idx) {
+static ElemType check_ctype(lua_State *L, int idx) {
   const char *name = mp_checklstring(L, idx, NULL);
   int ct = find_ctype(name);
   if (ct < 0)
     mp_argerror(L, idx, lua_pushfstring(L, "unknown ctype '%s' (expected "
         "int8..int64, uint8..uint64, float, double or char)", name));
-  return ct;
+  return (ElemType)ct;
 }
 
 static Array *toarray(lua_State *L, int idx) {
@@ -137,7 +149,7 @@ static void sync_leave(lua_State *L, int idx, int taken) {
   lua_pop(L, 1);
 }
 
-static Array *newarray(lua_State *L, int ct, size_t n, int isvalue) {
+static Array *newarray(lua_State *L, ElemType ct, size_t n, int isvalue) {
   Array *a = (Array *)lua_newuserdatauv(L, sizeof(Array), 2);
   memset(a, 0, sizeof *a);
   a->ct = ct;
@@ -155,7 +167,9 @@ static void alloc_private(lua_State *L, Array *a) {
                            (lua_Integer)nbytes(a));
 }
 
-static ArrHdr *hdr_of(Array *a) { return (ArrHdr *)(void *)a->map->seg.base; }
+static ArrHdr *array_hdr(Array *a) {
+  return (ArrHdr *)(void *)a->map->seg.base;
+}
 
 /* 'a' (at idx) starts using the mapping at the top of the stack (popped);
 ** its uservalue keeps the mapping alive while the Array is. */
@@ -224,7 +238,7 @@ static void array_release(lua_State *L, int idx, Array *a) {
     mp_Seg *s = &a->map->seg;
     if (s->kind == MP_SEG_NAME && a->refpid == getpid()) {
       mp_ledger_note(L, s->name, -1);
-      if (__atomic_sub_fetch(&hdr_of(a)->refs, 1, __ATOMIC_ACQ_REL) == 0)
+      if (__atomic_sub_fetch(&array_hdr(a)->refs, 1, __ATOMIC_ACQ_REL) == 0)
         mp_seg_unlink(L, s);
     }
     mp_map_release(a->map);
@@ -278,30 +292,39 @@ void mp_array_exit(lua_State *L) {
   lua_pop(L, 1);
 }
 
-/* ------------------------------------------------------------------ */
-/* elements                                                            */
+/* --- elements ------------------------------------------------------------ */
 
 static void push_elem(lua_State *L, const Array *a, size_t i) {
   const unsigned char *p = a->data + i * ctypes[a->ct].size;
-  switch (a->ct) {
-    case 0: { int8_t v; memcpy(&v, p, 1); lua_pushinteger(L, v); break; }
-    case 1: { int16_t v; memcpy(&v, p, 2); lua_pushinteger(L, v); break; }
-    case 2: { int32_t v; memcpy(&v, p, 4); lua_pushinteger(L, v); break; }
-    case 3: { int64_t v; memcpy(&v, p, 8); lua_pushinteger(L, (lua_Integer)v); break; }
-    case 4: lua_pushinteger(L, p[0]); break;
-    case 5: { uint16_t v; memcpy(&v, p, 2); lua_pushinteger(L, v); break; }
-    case 6: { uint32_t v; memcpy(&v, p, 4); lua_pushinteger(L, v); break; }
-    case 7: { uint64_t v; memcpy(&v, p, 8); lua_pushinteger(L, (lua_Integer)v); break; }
-    case 8: { float v; memcpy(&v, p, 4); lua_pushnumber(L, v); break; }
-    case 9: { double v; memcpy(&v, p, 8); lua_pushnumber(L, v); break; }
-    default: lua_pushlstring(L, (const char *)p, 1); break;
+  union {
+    int8_t i8; int16_t i16; int32_t i32; int64_t i64;
+    uint16_t u16; uint32_t u32; uint64_t u64; float f; double d;
+  } v;
+  switch (a->ct) {   /* memcpy of a constant size: a plain load */
+    case E_INT8:   memcpy(&v, p, 1); lua_pushinteger(L, v.i8); break;
+    case E_INT16:  memcpy(&v, p, 2); lua_pushinteger(L, v.i16); break;
+    case E_INT32:  memcpy(&v, p, 4); lua_pushinteger(L, v.i32); break;
+    case E_INT64:  memcpy(&v, p, 8); lua_pushinteger(L, v.i64); break;
+    case E_UINT8:  lua_pushinteger(L, p[0]); break;
+    case E_UINT16: memcpy(&v, p, 2); lua_pushinteger(L, v.u16); break;
+    case E_UINT32: memcpy(&v, p, 4); lua_pushinteger(L, v.u32); break;
+    case E_UINT64:
+      memcpy(&v, p, 8); lua_pushinteger(L, (lua_Integer)v.u64); break;
+    case E_FLOAT:  memcpy(&v, p, 4); lua_pushnumber(L, v.f); break;
+    case E_DOUBLE: memcpy(&v, p, 8); lua_pushnumber(L, v.d); break;
+    case E_CHAR:   lua_pushlstring(L, (const char *)p, 1); break;
   }
 }
 
-static const struct { lua_Integer lo, hi; } int_range[] = {
-  {-128, 127}, {-32768, 32767}, {-2147483647 - 1, 2147483647},
-  {LUA_MININTEGER, LUA_MAXINTEGER}, {0, 255}, {0, 65535},
-  {0, 4294967295LL}, {LUA_MININTEGER, LUA_MAXINTEGER},
+/* The integers each integer type holds (a char set from a number: 0..255). */
+static const struct { lua_Integer lo, hi; } int_range[NCTYPES] = {
+  [E_INT8] = {-128, 127}, [E_INT16] = {-32768, 32767},
+  [E_INT32] = {-2147483647 - 1, 2147483647},
+  [E_INT64] = {LUA_MININTEGER, LUA_MAXINTEGER},
+  [E_UINT8] = {0, 255}, [E_UINT16] = {0, 65535},
+  [E_UINT32] = {0, 4294967295LL},
+  [E_UINT64] = {LUA_MININTEGER, LUA_MAXINTEGER},
+  [E_CHAR] = {0, 255},
 };
 
 /* Raises msg: as a bad argument 'arg' of the running function (arg > 0),
@@ -314,20 +337,20 @@ static void elem_error(lua_State *L, int arg, const char *what,
 
 /* Converts the Lua value at idx for ctype ct into 'out' (8 bytes); raises
 ** (elem_error) when it does not fit. */
-static void to_elem(lua_State *L, int ct, int idx, unsigned char *out,
+static void to_elem(lua_State *L, ElemType ct, int idx, unsigned char *out,
                     int arg, const char *what) {
   const CType *t = &ctypes[ct];
-  if (t->kind == T_FLOAT) {
+  if (t->kind == K_REAL) {
     int ok;
     lua_Number x = lua_tonumberx(L, idx, &ok);
     if (!ok)
       elem_error(L, arg, what, lua_pushfstring(L, "expected a number for "
                  "%s, got %s", t->name, luaL_typename(L, idx)));
-    if (ct == 8) { float f = (float)x; memcpy(out, &f, 4); }
+    if (ct == E_FLOAT) { float f = (float)x; memcpy(out, &f, 4); }
     else memcpy(out, &x, 8);
     return;
   }
-  if (t->kind == T_CHAR && lua_type(L, idx) == LUA_TSTRING) {
+  if (t->kind == K_CHAR && lua_type(L, idx) == LUA_TSTRING) {
     size_t len;
     const char *s = lua_tolstring(L, idx, &len);
     if (len != 1)
@@ -339,14 +362,13 @@ static void to_elem(lua_State *L, int ct, int idx, unsigned char *out,
   {
     int ok;
     lua_Integer v = lua_tointegerx(L, idx, &ok);
-    int r = t->kind == T_CHAR ? 4 : ct;
     if (!ok && lua_type(L, idx) == LUA_TNUMBER)
       elem_error(L, arg, what, lua_pushfstring(L, "%s has no integer "
                  "representation for %s", lua_tostring(L, idx), t->name));
     if (!ok)
       elem_error(L, arg, what, lua_pushfstring(L, "expected an integer for "
                  "%s, got %s", t->name, luaL_typename(L, idx)));
-    if (v < int_range[r].lo || v > int_range[r].hi)
+    if (v < int_range[ct].lo || v > int_range[ct].hi)
       elem_error(L, arg, what, lua_pushfstring(L, "value %I out of range "
                  "for %s", v, t->name));
     switch (t->size) {
@@ -398,8 +420,7 @@ static size_t optpos(lua_State *L, int idx, size_t n, lua_Integer def) {
   return (size_t)i;
 }
 
-/* ------------------------------------------------------------------ */
-/* constructors                                                        */
+/* --- constructors -------------------------------------------------------- */
 
 /* opts at idx: {shared = boolean, lock = boolean | Lock | RLock}; default
 ** shared.  Returns whether shared and pushes the lock to attach, or nil. */
@@ -504,10 +525,9 @@ static int new_value(lua_State *L) {
   return 1;
 }
 
-/* ------------------------------------------------------------------ */
-/* methods                                                             */
+/* --- methods ------------------------------------------------------------- */
 
-static int m_fill(lua_State *L) {
+static int array_fill(lua_State *L) {
   Array *a = checkarray(L, 1);
   size_t esz = ctypes[a->ct].size, i;
   unsigned char tmp[8];
@@ -522,7 +542,7 @@ static int m_fill(lua_State *L) {
 }
 
 /* a:totable([i [, j]]) */
-static int m_totable(lua_State *L) {
+static int array_totable(lua_State *L) {
   Array *a = checkarray(L, 1);
   size_t i = optpos(L, 2, a->n, 1), j = optpos(L, 3, a->n, -1), k;
   int taken;
@@ -539,7 +559,7 @@ static int m_totable(lua_State *L) {
 }
 
 /* a:tostring([i [, j]]) -> the raw bytes of elements i..j */
-static int m_tostring(lua_State *L) {
+static int array_tostring(lua_State *L) {
   Array *a = checkarray(L, 1);
   size_t esz = ctypes[a->ct].size;
   size_t i = optpos(L, 2, a->n, 1), j = optpos(L, 3, a->n, -1);
@@ -563,7 +583,7 @@ static int m_tostring(lua_State *L) {
 ** or Value (same ctype: one memmove; another ctype: converted element by
 ** element), a string (raw bytes; first/last are byte positions and the count
 ** must be a whole number of elements) or a table of values. */
-static int m_copy(lua_State *L) {
+static int array_copy(lua_State *L) {
   Array *a = checkarray(L, 1);
   size_t esz = ctypes[a->ct].size, dst, first, last, count, srcn = 0, k;
   Array *src = NULL;
@@ -620,31 +640,31 @@ static int m_copy(lua_State *L) {
   return 1;
 }
 
-static int m_share_memory(lua_State *L) {
+static int array_share_memory(lua_State *L) {
   Array *a = checkarray(L, 1);
   if (!a->map) make_shared(L, 1, a, mp_sharing_strategy(L));
   lua_settop(L, 1);
   return 1;
 }
 
-static int m_is_shared(lua_State *L) {
+static int array_is_shared(lua_State *L) {
   Array *a = checkarray(L, 1);
   lua_pushboolean(L, a->map != NULL);
   return 1;
 }
 
-static int m_ctype(lua_State *L) {
+static int array_ctype(lua_State *L) {
   lua_pushstring(L, ctypes[checkarray(L, 1)->ct].name);
   return 1;
 }
 
-static int m_itemsize(lua_State *L) {
+static int array_itemsize(lua_State *L) {
   lua_pushinteger(L, ctypes[checkarray(L, 1)->ct].size);
   return 1;
 }
 
 /* a:get_lock() -> the Lock or RLock of a synchronised array */
-static int m_get_lock(lua_State *L) {
+static int array_get_lock(lua_State *L) {
   Array *a = checkarray(L, 1);
   if (!a->locked) return luaL_error(L, "%s has no lock", luaL_tolstring(L, 1, NULL));
   lua_getiuservalue(L, 1, 2);
@@ -652,7 +672,7 @@ static int m_get_lock(lua_State *L) {
 }
 
 /* a:get_obj() -> the same shared memory, without the lock */
-static int m_get_obj(lua_State *L) {
+static int array_get_obj(lua_State *L) {
   Array *a = checkarray(L, 1), *o;
   if (!a->locked) return luaL_error(L, "%s has no lock", luaL_tolstring(L, 1, NULL));
   o = newarray(L, a->ct, a->n, a->isvalue);                 /* a o */
@@ -660,21 +680,20 @@ static int m_get_obj(lua_State *L) {
   attach_map(L, 2, o, a->map);                              /* a o */
   o->refpid = getpid();
   if (a->map->seg.kind == MP_SEG_NAME) {
-    __atomic_add_fetch(&hdr_of(o)->refs, 1, __ATOMIC_ACQ_REL);
+    __atomic_add_fetch(&array_hdr(o)->refs, 1, __ATOMIC_ACQ_REL);
     own_reference(L, 2);
   }
   return 1;
 }
 
-static int m_close(lua_State *L) {
+static int array_close(lua_State *L) {
   array_release(L, 1, toarray(L, 1));
   return 0;
 }
 
-/* ------------------------------------------------------------------ */
-/* metamethods                                                         */
+/* --- metamethods --------------------------------------------------------- */
 
-static int mt_index(lua_State *L) {
+static int array_index(lua_State *L) {
   Array *a = toarray(L, 1);
   if (lua_type(L, 2) == LUA_TNUMBER) {
     checkarray(L, 1);
@@ -697,7 +716,7 @@ static int mt_index(lua_State *L) {
   return 1;
 }
 
-static int mt_newindex(lua_State *L) {
+static int array_newindex(lua_State *L) {
   Array *a = checkarray(L, 1);
   if (lua_type(L, 2) == LUA_TNUMBER) {
     set_elem(L, a, check_index(L, a, 2), 3, "Array");
@@ -713,12 +732,12 @@ static int mt_newindex(lua_State *L) {
                     a->isvalue ? ".value" : "integer indices");
 }
 
-static int mt_len(lua_State *L) {
+static int array_len(lua_State *L) {
   lua_pushinteger(L, (lua_Integer)toarray(L, 1)->n);
   return 1;
 }
 
-static int mt_tostring(lua_State *L) {
+static int array__tostring(lua_State *L) {
   Array *a = toarray(L, 1);
   const char *how = !a->data ? "closed"
                   : !a->map ? "private"
@@ -730,17 +749,16 @@ static int mt_tostring(lua_State *L) {
   return 1;
 }
 
-/* ------------------------------------------------------------------ */
-/* codec                                                               */
+/* --- codec --------------------------------------------------------------- */
 
-typedef struct Wire {
+typedef struct ArrayWire {
   char how;               /* 'P' private copy, 'F' memfd, 'N' name */
   unsigned char ct;
   unsigned char isvalue;
   unsigned char locked;   /* its lock follows (nested.c) */
   unsigned char pad[4];
   uint64_t n;
-} Wire;
+} ArrayWire;
 
 /* A broadcast is decoded by receivers that give nothing back (fresh
 ** workers that _exit), so its one reference is held by the sender's box:
@@ -752,14 +770,14 @@ static void hold_name(lua_State *L, int idx, Array *a, mp_Writer *w) {
   lua_getiuservalue(L, idx, 1);
   attach_map(L, -2, pin, a->map);
   pin->refpid = getpid();
-  __atomic_add_fetch(&hdr_of(pin)->refs, 1, __ATOMIC_ACQ_REL);
+  __atomic_add_fetch(&array_hdr(pin)->refs, 1, __ATOMIC_ACQ_REL);
   mp_ledger_note(L, a->map->seg.name, 1);
   mp_write_hold(L, w);
 }
 
 static void array_encode(lua_State *L, int idx, mp_Writer *w) {
   Array *a = toarray(L, idx);
-  Wire wi;
+  ArrayWire wi;
   if (!a->data) luaL_error(L, "cannot send a closed Array");
   memset(&wi, 0, sizeof wi);
   wi.ct = (unsigned char)a->ct;
@@ -779,7 +797,7 @@ static void array_encode(lua_State *L, int idx, mp_Writer *w) {
     } else {
       /* the receiver's reference, taken now: the name must outlive the
       ** message even if this array is closed before it is received */
-      __atomic_add_fetch(&hdr_of(a)->refs, 1, __ATOMIC_ACQ_REL);
+      __atomic_add_fetch(&array_hdr(a)->refs, 1, __ATOMIC_ACQ_REL);
     }
   }
   if (a->locked) {
@@ -796,7 +814,7 @@ static void decode_lock(lua_State *L, mp_Reader *r, int ai, Array *a) {
 }
 
 static void array_decode(lua_State *L, mp_Reader *r) {
-  Wire wi;
+  ArrayWire wi;
   Array *a;
   mp_Map *m;
   size_t size;
@@ -833,11 +851,11 @@ static void array_decode(lua_State *L, mp_Reader *r) {
   a->refpid = (mp_read_flags(r) & MP_CODEC_BROADCAST) ? 0 : getpid();
   if (wi.how == 'N') {
     if (a->refpid != 0) own_reference(L, ai);
-    m->seg.trkid = hdr_of(a)->trkid;
-    m->seg.trkslot = hdr_of(a)->trkslot;
+    m->seg.trkid = array_hdr(a)->trkid;
+    m->seg.trkslot = array_hdr(a)->trkslot;
   }
-  if (hdr_of(a)->magic != ARR_MAGIC || hdr_of(a)->ctype != wi.ct ||
-      hdr_of(a)->n != wi.n) {
+  if (array_hdr(a)->magic != ARR_MAGIC || array_hdr(a)->ctype != wi.ct ||
+      array_hdr(a)->n != wi.n) {
     array_release(L, ai, a);
     luaL_error(L, "received shared memory is not the Array it claims to be");
   }
@@ -847,19 +865,19 @@ static void array_decode(lua_State *L, mp_Reader *r) {
 static const mp_CodecType array_codec = {ARRAY_T, array_encode, array_decode};
 static const mp_CodecType value_codec = {VALUE_T, array_encode, array_decode};
 
-/* ------------------------------------------------------------------ */
+/* --- registration -------------------------------------------------------- */
 
 static const luaL_Reg methods[] = {
-  {"fill", m_fill}, {"totable", m_totable}, {"tostring", m_tostring},
-  {"copy", m_copy}, {"share_memory", m_share_memory},
-  {"is_shared", m_is_shared}, {"ctype", m_ctype}, {"itemsize", m_itemsize},
-  {"get_lock", m_get_lock}, {"get_obj", m_get_obj},
-  {"close", m_close}, {NULL, NULL}
+  {"fill", array_fill}, {"totable", array_totable}, {"tostring", array_tostring},
+  {"copy", array_copy}, {"share_memory", array_share_memory},
+  {"is_shared", array_is_shared}, {"ctype", array_ctype}, {"itemsize", array_itemsize},
+  {"get_lock", array_get_lock}, {"get_obj", array_get_obj},
+  {"close", array_close}, {NULL, NULL}
 };
 
 static const luaL_Reg meta[] = {
-  {"__gc", array_gc}, {"__close", array_gc}, {"__tostring", mt_tostring},
-  {"__index", mt_index}, {"__newindex", mt_newindex}, {"__len", mt_len},
+  {"__gc", array_gc}, {"__close", array_gc}, {"__tostring", array__tostring},
+  {"__index", array_index}, {"__newindex", array_newindex}, {"__len", array_len},
   {NULL, NULL}
 };
 

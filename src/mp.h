@@ -282,6 +282,8 @@ static inline void mp_stack_check(lua_State *L, int top, int effect) {
 **                  lock_acquire, array_fill, tracker_gc
 **   new_<type>     a constructor: new_queue, new_array
 **   l_<name>       any other function of the module: l_isinstance
+** (a metamethod whose name a method has too keeps its underscores:
+** array__tostring is __tostring, array_tostring the method tostring).
 ** mp_<name> is shared between files (declared here, in sharing.h or in
 ** codec.h); every other function is static and named for what it does. */
 
