@@ -43,8 +43,7 @@
 #include "codec.h"
 #include "sharing.h"
 
-/* ------------------------------------------------------------------ */
-/* peer slots                                                          */
+/* --- peer slots ---------------------------------------------------------- */
 
 /* The start time of 'pid' (field 22 of /proc/PID/stat), or 0 when it is
 ** gone or a zombie: a proxy is alive while its process runs, and a pid
@@ -241,8 +240,7 @@ int mp_peers_alive(mp_Peers *p, int self, int notend) {
   return __atomic_load_n(&p->attaches, __ATOMIC_ACQUIRE) > 1 ? -1 : 0;
 }
 
-/* ------------------------------------------------------------------ */
-/* the synchronisation objects                                         */
+/* --- the synchronisation objects ----------------------------------------- */
 
 #define SYNC_MAGIC 0x6d707379u   /* "mpsy" */
 enum { K_LOCK, K_RLOCK, K_SEM, K_BSEM, K_EVENT, K_BARRIER, K_COND,
@@ -325,7 +323,7 @@ typedef struct Pool {
   uint32_t next;         /* the next free slot */
 } Pool;
 
-static SyncHdr *hdr_of(Sync *s) {
+static SyncHdr *sync_hdr(Sync *s) {
   return (SyncHdr *)(void *)(s->map->seg.base + s->off);
 }
 
@@ -410,7 +408,7 @@ static Sync *createsync(lua_State *L, int kind) {
   int e;
   uint32_t off = place(L, kind);                             /* map */
   s = newsync(L, kind, off);                                 /* s */
-  h = hdr_of(s);
+  h = sync_hdr(s);
   h->magic = SYNC_MAGIC;
   h->kind = (uint32_t)kind;
   h->timeout = -1;
@@ -423,7 +421,7 @@ static Sync *createsync(lua_State *L, int kind) {
 
 static void sync_release_all(Sync *s) {
   if (s->map && s->depth > 0 && s->holder == getpid())
-    while (s->depth-- > 0) pthread_mutex_unlock(&hdr_of(s)->m);
+    while (s->depth-- > 0) pthread_mutex_unlock(&sync_hdr(s)->m);
   s->depth = 0;
 }
 
@@ -447,7 +445,7 @@ static int sync_tostring(lua_State *L) {
     lua_pushfstring(L, "multiprocessing.%s (closed)", kind_short[s->kind]);
   else
     lua_pushfstring(L, "multiprocessing.%s (%p)", kind_short[s->kind],
-                    (void *)hdr_of(s));
+                    (void *)sync_hdr(s));
   return 1;
 }
 
@@ -467,9 +465,10 @@ static double acquire_timeout(lua_State *L, int arg) {
   return mp_opttimeout(L, arg);
 }
 
-/* ------------------------------------------------------------------ */
-/* the two ways of acquiring: a mutex (Lock, RLock, Condition) and a    */
-/* count (Semaphore, BoundedSemaphore)                                  */
+/* --- acquiring: a mutex or a count --------------------------------------- */
+
+/* The two ways: a mutex (Lock, RLock, Condition) and a count (Semaphore,
+** BoundedSemaphore). */
 
 static int never(void *arg) { (void)arg; return 0; }
 
@@ -489,7 +488,7 @@ static int sem_ready(void *arg) {
 ** within a timeout (nobody else may release it): that times out; without
 ** one it would never return, so that raises. */
 static int sync_acquire(lua_State *L, Sync *s, double t) {
-  SyncHdr *h = hdr_of(s);
+  SyncHdr *h = sync_hdr(s);
   mp_Wait w;
   int st;
   mp_wait_init(&w, L, t);
@@ -522,7 +521,7 @@ static int sync_acquire(lua_State *L, Sync *s, double t) {
 ** 'what', when it cannot. */
 static void sync_release(lua_State *L, Sync *s, lua_Integer n,
                          const char *what) {
-  SyncHdr *h = hdr_of(s);
+  SyncHdr *h = sync_hdr(s);
   if (islocklike(s->kind)) {
     int e = pthread_mutex_unlock(&h->m);
     if (e == EPERM)
@@ -544,7 +543,7 @@ static void sync_release(lua_State *L, Sync *s, lua_Integer n,
 
 /* lock:acquire([blocking [, timeout]] | [timeout]) -> true [, "previous
 ** owner died"] | false.  The same for a Semaphore (true or false). */
-static int m_acquire(lua_State *L) {
+static int lock_acquire(lua_State *L) {
   Sync *s = checksync(L, 1, LOCKLIKE | SEMLIKE,
                       "Lock, RLock, Condition or Semaphore");
   int st = sync_acquire(L, s, acquire_timeout(L, 2));
@@ -555,7 +554,7 @@ static int m_acquire(lua_State *L) {
 }
 
 /* lock:release(); semaphore:release([n]) */
-static int m_release(lua_State *L) {
+static int lock_release(lua_State *L) {
   Sync *s = checksync(L, 1, LOCKLIKE | SEMLIKE,
                       "Lock, RLock, Condition or Semaphore");
   lua_Integer n = 1;
@@ -570,7 +569,7 @@ static int m_release(lua_State *L) {
 /* lock:locked() -> boolean: held by some process */
 static int lock_locked(lua_State *L) {
   Sync *s = checksync(L, 1, LOCKLIKE, "Lock, RLock or Condition");
-  SyncHdr *h = hdr_of(s);
+  SyncHdr *h = sync_hdr(s);
   int e;
   if (s->holder == getpid() && s->depth > 0) {
     lua_pushboolean(L, 1);
@@ -590,14 +589,13 @@ static int lock_locked(lua_State *L) {
   return 1;
 }
 
-static int sem_get_value(lua_State *L) {
+static int semaphore_get_value(lua_State *L) {
   Sync *s = checksync(L, 1, SEMLIKE, "Semaphore");
-  lua_pushinteger(L, __atomic_load_n(&hdr_of(s)->value, __ATOMIC_ACQUIRE));
+  lua_pushinteger(L, __atomic_load_n(&sync_hdr(s)->value, __ATOMIC_ACQUIRE));
   return 1;
 }
 
-/* ------------------------------------------------------------------ */
-/* guards: local g <close> = lock:guard([timeout])                     */
+/* --- guards: local g <close> = lock:guard([timeout]) --------------------- */
 
 typedef struct Guard {
   int held;
@@ -607,7 +605,7 @@ typedef struct Guard {
 /* x:guard([timeout]) -> guard | nil, "timeout".  The guard holds one
 ** acquisition of x (its uservalue) and gives it back when it is closed:
 ** at the end of its <close> scope, by g:release(), or when collected. */
-static int m_guard(lua_State *L) {
+static int lock_guard(lua_State *L) {
   Sync *s = checksync(L, 1, LOCKLIKE | SEMLIKE,
                       "Lock, RLock, Condition or Semaphore");
   Guard *g;
@@ -645,34 +643,33 @@ static int guard_tostring(lua_State *L) {
   return 1;
 }
 
-/* ------------------------------------------------------------------ */
-/* Event                                                               */
+/* --- Event --------------------------------------------------------------- */
 
 static int ev_ready(void *arg) {
   return __atomic_load_n(&((SyncHdr *)arg)->value, __ATOMIC_ACQUIRE) != 0;
 }
 
-static int ev_set(lua_State *L) {
-  SyncHdr *h = hdr_of(tosync(L, 1, K_EVENT));
+static int event_set(lua_State *L) {
+  SyncHdr *h = sync_hdr(tosync(L, 1, K_EVENT));
   __atomic_store_n(&h->value, 1, __ATOMIC_RELEASE);
   mp_wake(&h->seq, &h->waiters, INT_MAX);
   return 0;
 }
 
-static int ev_clear(lua_State *L) {
-  SyncHdr *h = hdr_of(tosync(L, 1, K_EVENT));
+static int event_clear(lua_State *L) {
+  SyncHdr *h = sync_hdr(tosync(L, 1, K_EVENT));
   __atomic_store_n(&h->value, 0, __ATOMIC_RELEASE);
   return 0;
 }
 
-static int ev_is_set(lua_State *L) {
-  lua_pushboolean(L, ev_ready(hdr_of(tosync(L, 1, K_EVENT))));
+static int event_is_set(lua_State *L) {
+  lua_pushboolean(L, ev_ready(sync_hdr(tosync(L, 1, K_EVENT))));
   return 1;
 }
 
 /* event:wait([timeout]) -> true when set, false on timeout */
-static int ev_wait(lua_State *L) {
-  SyncHdr *h = hdr_of(tosync(L, 1, K_EVENT));
+static int event_wait(lua_State *L) {
+  SyncHdr *h = sync_hdr(tosync(L, 1, K_EVENT));
   mp_Waitable on = {&h->seq, &h->waiters, ev_ready, NULL, h};
   mp_Wait w;
   int st;
@@ -683,8 +680,7 @@ static int ev_wait(lua_State *L) {
   return 1;
 }
 
-/* ------------------------------------------------------------------ */
-/* sleeping with the mutex released (Condition, Barrier)              */
+/* --- sleeping with the mutex released (Condition, Barrier) --------------- */
 
 /* Called holding h->m: releases it, waits for 'on' (mp_wait_for), and
 ** takes it back whatever happened -- not interruptibly, as Python's
@@ -701,8 +697,7 @@ static int sleep_unlocked(SyncHdr *h, mp_Wait *w, const mp_Waitable *on,
   return st;
 }
 
-/* ------------------------------------------------------------------ */
-/* Condition: one slot per waiter, notified oldest first               */
+/* --- Condition: one slot per waiter, notified oldest first --------------- */
 
 static CondSlot *cond_slots(SyncHdr *h) {
   return (CondSlot *)(void *)((unsigned char *)h + COND_SLOTS_AT);
@@ -758,7 +753,7 @@ static uint32_t cond_notify_slots(SyncHdr *h, uint32_t n) {
 ** lock is recursive (an RLock, as Python's default): every level this
 ** process holds is released while waiting and taken again after. */
 static int cond_wait_for(lua_State *L, Sync *s, double t) {
-  SyncHdr *h = hdr_of(s);
+  SyncHdr *h = sync_hdr(s);
   CondSlot *slot = cond_slots(h), *mine = NULL;
   mp_Waitable on;
   mp_Wait w;
@@ -794,7 +789,7 @@ static int cond_wait_for(lua_State *L, Sync *s, double t) {
 
 /* cond:wait([timeout]) -> true when notified, false on timeout.  The lock
 ** must be held; it is released while waiting and held again on return. */
-static int cond_wait(lua_State *L) {
+static int condition_wait(lua_State *L) {
   Sync *s = held_cond(L);
   lua_pushboolean(L, cond_wait_for(L, s, mp_opttimeout(L, 2)));
   return 1;
@@ -802,7 +797,7 @@ static int cond_wait(lua_State *L) {
 
 /* cond:wait_for(predicate [, timeout]) -> the predicate's last result.
 ** Waits until predicate() is true, holding the lock whenever it runs. */
-static int cond_wait_pred(lua_State *L) {
+static int condition_wait_for(lua_State *L) {
   Sync *s = held_cond(L);
   double t = mp_opttimeout(L, 3), deadline = t < 0 ? -1 : mp_now() + t;
   mp_checktype(L, 2, LUA_TFUNCTION);
@@ -819,23 +814,22 @@ static int cond_wait_pred(lua_State *L) {
 
 /* Wakes up to n waiters; the lock must be held. */
 static int cond_notify_n(lua_State *L, lua_Integer n) {
-  SyncHdr *h = hdr_of(held_cond(L));
+  SyncHdr *h = sync_hdr(held_cond(L));
   cond_notify_slots(h, n > UINT32_MAX ? UINT32_MAX : (uint32_t)n);
   return 0;
 }
 
-static int cond_notify(lua_State *L) {
+static int condition_notify(lua_State *L) {
   lua_Integer n = mp_optinteger(L, 2, 1);
   if (n < 1) mp_argerror(L, 2, "must be a positive count");
   return cond_notify_n(L, n);
 }
 
-static int cond_notify_all(lua_State *L) {
+static int condition_notify_all(lua_State *L) {
   return cond_notify_n(L, INT_MAX);
 }
 
-/* ------------------------------------------------------------------ */
-/* Barrier                                                             */
+/* --- Barrier ------------------------------------------------------------- */
 
 /* Under h->m: sets the state and wakes every sleeper. */
 static void bar_set(SyncHdr *h, int32_t state) {
@@ -896,7 +890,7 @@ static int bar_lock(SyncHdr *h, mp_Wait *w) {
 /* Runs the action (uservalue 1 of the barrier at 1) holding the mutex;
 ** an error in it breaks the barrier and is raised after the mutex and the
 ** party are given back. */
-static int bar_action(lua_State *L) {
+static int barrier_action(lua_State *L) {
   if (lua_getiuservalue(L, 1, 2) == LUA_TNIL) {
     lua_pop(L, 1);
     return 0;
@@ -908,8 +902,8 @@ static int bar_action(lua_State *L) {
 ** "broken" when the barrier is or becomes broken (abort, reset, another
 ** party's timeout, an action that failed), or nil, "timeout" when this
 ** party's own timeout broke it.  The default timeout is the barrier's. */
-static int bar_wait(lua_State *L) {
-  SyncHdr *h = hdr_of(tosync(L, 1, K_BARRIER));
+static int barrier_wait(lua_State *L) {
+  SyncHdr *h = sync_hdr(tosync(L, 1, K_BARRIER));
   double t = lua_isnoneornil(L, 2) ? h->timeout : mp_opttimeout(L, 2);
   mp_Wait w;
   int st, died = 0, failed = 0;
@@ -921,7 +915,7 @@ static int bar_wait(lua_State *L) {
   if (h->state == B_BROKEN)
     st = MP_BROKEN;
   else if ((index = h->count++) + 1 == h->parties) {
-    failed = bar_action(L);
+    failed = barrier_action(L);
     bar_end(h, failed, failed ? B_BROKEN : B_FILLING);
   } else {
     while (st == MP_OK && h->gen == gen)
@@ -952,8 +946,8 @@ out:
 }
 
 /* Changes the state under the mutex: abort breaks, reset refills. */
-static int bar_change(lua_State *L, int reset) {
-  SyncHdr *h = hdr_of(tosync(L, 1, K_BARRIER));
+static int barrier_change(lua_State *L, int reset) {
+  SyncHdr *h = sync_hdr(tosync(L, 1, K_BARRIER));
   mp_Wait w;
   int st;
   mp_wait_init(&w, L, -1);
@@ -967,18 +961,18 @@ static int bar_change(lua_State *L, int reset) {
   return 0;
 }
 
-static int bar_abort(lua_State *L) { return bar_change(L, 0); }
-static int bar_reset(lua_State *L) { return bar_change(L, 1); }
+static int barrier_abort(lua_State *L) { return barrier_change(L, 0); }
+static int barrier_reset(lua_State *L) { return barrier_change(L, 1); }
 
 /* The fields need the header; the methods (close among them) are found
 ** on a closed Barrier too, as on the other kinds. */
-static int bar_index(lua_State *L) {
+static int barrier_index(lua_State *L) {
   SyncHdr *h;
   const char *k = lua_tostring(L, 2);
   int32_t state;
   mp_push_method(L);
   if (!lua_isnil(L, -1)) return 1;
-  h = hdr_of(tosync(L, 1, K_BARRIER));
+  h = sync_hdr(tosync(L, 1, K_BARRIER));
   state = __atomic_load_n(&h->state, __ATOMIC_ACQUIRE);
   if (k && strcmp(k, "parties") == 0)
     lua_pushinteger(L, h->parties);
@@ -994,14 +988,13 @@ static int bar_index(lua_State *L) {
   return 1;
 }
 
-/* ------------------------------------------------------------------ */
-/* constructors                                                        */
+/* --- constructors -------------------------------------------------------- */
 
 static int new_lock(lua_State *L) { createsync(L, K_LOCK); return 1; }
 static int new_rlock(lua_State *L) { createsync(L, K_RLOCK); return 1; }
 static int new_event(lua_State *L) { createsync(L, K_EVENT); return 1; }
 
-static int new_cond(lua_State *L) {
+static int new_condition(lua_State *L) {
   if (!lua_isnoneornil(L, 1))
     return luaL_argerror(L, 1, "a Condition brings its own lock "
                          "(passing one is not supported)");
@@ -1009,17 +1002,17 @@ static int new_cond(lua_State *L) {
   return 1;
 }
 
-static int new_semaphore(lua_State *L, int kind) {
+static int make_semaphore(lua_State *L, int kind) {
   lua_Integer n = mp_optinteger(L, 1, 1);
   Sync *s;
   if (n < 0 || n > INT_MAX) mp_argerror(L, 1, "must be a non-negative count");
   s = createsync(L, kind);
-  hdr_of(s)->value = hdr_of(s)->limit = (uint32_t)n;
+  sync_hdr(s)->value = sync_hdr(s)->limit = (uint32_t)n;
   return 1;
 }
 
-static int new_sem(lua_State *L) { return new_semaphore(L, K_SEM); }
-static int new_bsem(lua_State *L) { return new_semaphore(L, K_BSEM); }
+static int new_semaphore(lua_State *L) { return make_semaphore(L, K_SEM); }
+static int new_bounded_semaphore(lua_State *L) { return make_semaphore(L, K_BSEM); }
 
 /* mp.Barrier(parties [, action [, timeout]]) */
 static int new_barrier(lua_State *L) {
@@ -1030,15 +1023,14 @@ static int new_barrier(lua_State *L) {
   if (!lua_isnoneornil(L, 2)) mp_checktype(L, 2, LUA_TFUNCTION);
   lua_settop(L, 2);                             /* n action */
   s = createsync(L, K_BARRIER);                 /* n action b */
-  hdr_of(s)->parties = (uint32_t)n;
-  hdr_of(s)->timeout = t;
+  sync_hdr(s)->parties = (uint32_t)n;
+  sync_hdr(s)->timeout = t;
   lua_pushvalue(L, 2);
   lua_setiuservalue(L, -2, 2);
   return 1;
 }
 
-/* ------------------------------------------------------------------ */
-/* codec                                                               */
+/* --- codec --------------------------------------------------------------- */
 
 static void sync_encode(lua_State *L, int idx, mp_Writer *w) {
   Sync *s = (Sync *)lua_touserdata(L, idx);
@@ -1066,7 +1058,7 @@ static void sync_decode(lua_State *L, mp_Reader *r) {
   fd = mp_read_fd(L, r);
   mp_map_from_fd(L, fd, SEG_SIZE);                           /* map */
   s = newsync(L, kind, off);                                 /* s */
-  if (hdr_of(s)->magic != SYNC_MAGIC || hdr_of(s)->kind != (uint32_t)kind) {
+  if (sync_hdr(s)->magic != SYNC_MAGIC || sync_hdr(s)->kind != (uint32_t)kind) {
     sync_close(s);
     luaL_error(L, "received %s is not one", kind_short[kind]);
   }
@@ -1088,7 +1080,7 @@ static const mp_CodecType sync_codec[K_NKINDS] = {
   {"multiprocessing.Condition", sync_encode, sync_decode},
 };
 
-/* ------------------------------------------------------------------ */
+/* --- registration -------------------------------------------------------- */
 
 static int lock_index(lua_State *L) {
   Sync *s = (Sync *)lua_touserdata(L, 1);
@@ -1102,25 +1094,25 @@ static int lock_index(lua_State *L) {
 }
 
 static const luaL_Reg lock_methods[] = {
-  {"acquire", m_acquire}, {"release", m_release}, {"guard", m_guard},
+  {"acquire", lock_acquire}, {"release", lock_release}, {"guard", lock_guard},
   {"locked", lock_locked}, {"close", sync_gc}, {NULL, NULL}
 };
-static const luaL_Reg cond_methods[] = {
-  {"acquire", m_acquire}, {"release", m_release}, {"guard", m_guard},
-  {"locked", lock_locked}, {"wait", cond_wait}, {"wait_for", cond_wait_pred},
-  {"notify", cond_notify}, {"notify_all", cond_notify_all},
+static const luaL_Reg condition_methods[] = {
+  {"acquire", lock_acquire}, {"release", lock_release}, {"guard", lock_guard},
+  {"locked", lock_locked}, {"wait", condition_wait}, {"wait_for", condition_wait_for},
+  {"notify", condition_notify}, {"notify_all", condition_notify_all},
   {"close", sync_gc}, {NULL, NULL}
 };
-static const luaL_Reg sem_methods[] = {
-  {"acquire", m_acquire}, {"release", m_release}, {"guard", m_guard},
-  {"get_value", sem_get_value}, {"close", sync_gc}, {NULL, NULL}
+static const luaL_Reg semaphore_methods[] = {
+  {"acquire", lock_acquire}, {"release", lock_release}, {"guard", lock_guard},
+  {"get_value", semaphore_get_value}, {"close", sync_gc}, {NULL, NULL}
 };
-static const luaL_Reg ev_methods[] = {
-  {"set", ev_set}, {"clear", ev_clear}, {"is_set", ev_is_set},
-  {"wait", ev_wait}, {"close", sync_gc}, {NULL, NULL}
+static const luaL_Reg event_methods[] = {
+  {"set", event_set}, {"clear", event_clear}, {"is_set", event_is_set},
+  {"wait", event_wait}, {"close", sync_gc}, {NULL, NULL}
 };
-static const luaL_Reg bar_methods[] = {
-  {"wait", bar_wait}, {"abort", bar_abort}, {"reset", bar_reset},
+static const luaL_Reg barrier_methods[] = {
+  {"wait", barrier_wait}, {"abort", barrier_abort}, {"reset", barrier_reset},
   {"close", sync_gc}, {NULL, NULL}
 };
 static const luaL_Reg guard_methods[] = {
@@ -1143,9 +1135,9 @@ static void newtype(lua_State *L, int kind, const luaL_Reg *methods,
 
 void mp_open_sync(lua_State *L) {
   static const luaL_Reg funcs[] = {
-    {"Lock", new_lock}, {"RLock", new_rlock}, {"Semaphore", new_sem},
-    {"BoundedSemaphore", new_bsem}, {"Event", new_event},
-    {"Barrier", new_barrier}, {"Condition", new_cond}, {NULL, NULL}
+    {"Lock", new_lock}, {"RLock", new_rlock}, {"Semaphore", new_semaphore},
+    {"BoundedSemaphore", new_bounded_semaphore}, {"Event", new_event},
+    {"Barrier", new_barrier}, {"Condition", new_condition}, {NULL, NULL}
   };
   static const luaL_Reg guard_meta[] = {
     {"__gc", guard_release}, {"__close", guard_release},
@@ -1153,18 +1145,17 @@ void mp_open_sync(lua_State *L) {
   };
   newtype(L, K_LOCK, lock_methods, lock_index);
   newtype(L, K_RLOCK, lock_methods, lock_index);
-  newtype(L, K_SEM, sem_methods, NULL);
-  newtype(L, K_BSEM, sem_methods, NULL);
-  newtype(L, K_EVENT, ev_methods, NULL);
-  newtype(L, K_BARRIER, bar_methods, bar_index);
-  newtype(L, K_COND, cond_methods, lock_index);
+  newtype(L, K_SEM, semaphore_methods, NULL);
+  newtype(L, K_BSEM, semaphore_methods, NULL);
+  newtype(L, K_EVENT, event_methods, NULL);
+  newtype(L, K_BARRIER, barrier_methods, barrier_index);
+  newtype(L, K_COND, condition_methods, lock_index);
   mp_new_class(L, GUARD_T, guard_meta, guard_methods);
   lua_pop(L, 1);
   luaL_setfuncs(L, funcs, 0);
 }
 
-/* ------------------------------------------------------------------ */
-/* the lock of a synchronised Value or Array (array.c)                 */
+/* --- the lock of a synchronised Value or Array (array.c) ----------------- */
 
 int mp_islock(lua_State *L, int idx) {
   Sync *s = (Sync *)luaL_testudata(L, idx, kind_tname[K_LOCK]);
@@ -1181,7 +1172,7 @@ int mp_lock_enter(lua_State *L, int idx, const char *what) {
   if (s == NULL || s->map == NULL)
     return luaL_error(L, "%s: its lock is closed", what);
   mp_wait_init(&w, L, -1);
-  st = mp_mutex_lock(&hdr_of(s)->m, &w);
+  st = mp_mutex_lock(&sync_hdr(s)->m, &w);
   if (st == EDEADLK) return 0;          /* ours already (a Lock) */
   if (st != MP_OK && st != MP_OWNERDEAD) mp_status_error(L, what, st);
   return 1;
@@ -1203,5 +1194,5 @@ void mp_lock_read(lua_State *L, mp_Reader *r) {
 
 void mp_lock_leave(lua_State *L, int idx) {
   Sync *s = (Sync *)lua_touserdata(L, idx);
-  pthread_mutex_unlock(&hdr_of(s)->m);
+  pthread_mutex_unlock(&sync_hdr(s)->m);
 }

@@ -41,8 +41,7 @@
 #include "mp.h"
 #include "sharing.h"
 
-/* ------------------------------------------------------------------ */
-/* statuses                                                            */
+/* --- statuses ------------------------------------------------------------ */
 
 const char *mp_status_string(int st) {
   switch (st) {
@@ -60,8 +59,7 @@ int mp_status_error(lua_State *L, const char *what, int st) {
   return luaL_error(L, "%s: %s", what, mp_status_string(st));
 }
 
-/* ------------------------------------------------------------------ */
-/* deadlines and interrupts                                            */
+/* --- deadlines and interrupts -------------------------------------------- */
 
 static void hooks_save(mp_Hooks *h, lua_State *L) {
   h->L = L;
@@ -108,8 +106,7 @@ int mp_wait_interrupted(mp_Wait *w) {
   return self || main;
 }
 
-/* ------------------------------------------------------------------ */
-/* futex                                                               */
+/* --- futex --------------------------------------------------------------- */
 
 static struct timespec reltime(double secs) {
   struct timespec ts;
@@ -175,8 +172,7 @@ int mp_wait_for(mp_Wait *w, const mp_Waitable *on) {
   }
 }
 
-/* ------------------------------------------------------------------ */
-/* robust mutexes                                                      */
+/* --- robust mutexes ------------------------------------------------------ */
 
 int mp_mutex_init(pthread_mutex_t *m, int recursive) {
   pthread_mutexattr_t a;
