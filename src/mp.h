@@ -1,26 +1,68 @@
 /*
-** mp.h -- what the files of multiprocessing.core share.
+** mp.h -- what the files of multiprocessing.core share, and the map of
+** every source file: open the one named for what you are after.
 **
-** One concern per file:
-**   core.c         module table, assembles the pieces below
-**   args.c         argument checks that name "Type.method"; timeouts
-**   context.c      ProcessContext and Process userdata, start_processes/spawn
-**   join.c         waiting for workers, terminating them, collecting failures
-**   exception.c    the exception types and isinstance
-**   reports.c      the memfd where workers leave error reports and results,
-**                  and the socket their descriptors come through
-**   worker.c       the child side: run fn(i, ...), report, leave with _exit
-**   start_fork.c   the "fork" start method
-**   start_spawn.c  the "spawn" start method (fresh interpreter)
-**   forkserver.c   the "forkserver" start method
-**   signames.c     signal numbers <-> names
-**   codec.c        Lua values <-> bytes (codec.h)
-**   stdio.c        descriptors for supervisors (mprun): pipes, the relay
-**   pool.c         cpu_count, a clock, TimeoutError: for mp.Pool (pool.lua)
-**   executable.c   which program runs fresh workers, and its hello
-**   launch.c       clone+exec of a fresh worker or the forkserver
-**   worker_main.c  the worker program; multiprocessing.h its entry, which a
-**                  host binary calls to be its own worker (installed)
+** The module
+**   core.c         the module table: opens every part from one list;
+**                  mp_new_class and the small helpers every part uses
+**   args.c         argument errors that name "Type.method"; timeouts
+**   mp.h           this map; what the process files share
+**   sharing.h      what the data-sharing files share: segments, waits,
+**                  locks, peer slots
+**   codec.h        the codec's contract, and how a userdata type crosses
+**   multiprocessing.h  the C API for hosts that embed Lua: a host binary
+**                  as its own worker (lmp_worker_main); installed
+**
+** Processes
+**   context.c      start_processes, spawn, ProcessContext, Process handles,
+**                  active_children, current_process
+**   join.c         waiting for workers (pidfds), termination that never
+**                  blocks, the exception of the first failure, the results,
+**                  ctx:fileno()
+**   exception.c    ProcessException and its kinds, isinstance
+**   reports.c      the memfd where workers leave errors, results and their
+**                  exit records, and the socket their descriptors come
+**                  through
+**   ledger.c       the file_system references a worker holds, for its parent
+**   worker.c       the child's side of every method: run fn(i, ...), report,
+**                  die with the parent (the lifeline), leave with _exit
+**   signames.c     signal numbers <-> names (mp.signals)
+**
+** Start methods
+**   start_fork.c   "fork"
+**   start_spawn.c  "spawn": a fresh interpreter per worker
+**   forkserver.c   "forkserver": a server process that forks fresh workers
+**   launch.c       clone+exec of a fresh worker or of the forkserver
+**   executable.c   which program runs fresh workers (set_executable,
+**                  get_executable), the line of Lua it starts with, and
+**                  its hello
+**   payload.c      fn, args and the environment, encoded once for the fresh
+**                  workers of a context
+**   worker_main.c  the worker program for embedding hosts (not in core.so;
+**                  its entry, lmp_worker_main, is multiprocessing.h's)
+**
+** Data between processes
+**   codec.c        Lua values <-> bytes (codec.h); core.encode, core.decode
+**   nested.c       a Lua value inside a userdata's encoding (a Barrier's
+**                  action, a synchronised Array's lock)
+**   fdpass.c       descriptors over unix sockets (SCM_RIGHTS)
+**   shm.c          shared memory segments, the sharing strategies, the
+**                  file_system tracker
+**   array.c        Array and Value
+**   channel.c      Queue, SimpleQueue, JoinableQueue, Pipe (Connection)
+**   sync.c         Lock, RLock, Semaphore, BoundedSemaphore, Event,
+**                  Condition, Barrier; the peer slots of the channels
+**   wait.c         every blocking wait: deadlines, futex, Ctrl-C, robust
+**                  mutexes, the statuses a wait ends with
+**
+** Tools built on the library
+**   stdio.c        for mprun: pipes, log files, the output relay
+**   pool.c         for mp.Pool (pool.lua): cpu_count, the board where
+**                  workers mark their task, TimeoutError
+**
+** The Lua layer is lua/multiprocessing/: init.lua lists the public names,
+** grouped by the file that implements them; mprun.lua and world.lua are
+** the launcher.  README "Layout" maps features to files and to specs.
 */
 #ifndef mp_h
 #define mp_h

@@ -1,15 +1,7 @@
 /*
-** sharing.h -- what the data-sharing files of multiprocessing.core share.
-**
-**   shm.c      shared memory segments (memfd / shm_open), the sharing
-**              strategies, the file_system tracker process, fd passing
-**   ledger.c   the file_system references a worker holds, for its parent
-**   wait.c     waiting: deadlines, futex, Ctrl-C, statuses, robust mutexes
-**   sync.c     peer slots (liveness), Lock/RLock/Semaphore/Event/Barrier/
-**              Condition
-**   nested.c   a Lua value inside a userdata's encoding
-**   array.c    Array and Value
-**   channel.c  Queue, SimpleQueue, JoinableQueue, Pipe connections
+** sharing.h -- what the data-sharing files of multiprocessing.core share
+** (shm.c, ledger.c, wait.c, sync.c, nested.c, array.c, channel.c; what
+** each is for: the map in mp.h).
 */
 #ifndef mp_sharing_h
 #define mp_sharing_h
