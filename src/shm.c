@@ -1,6 +1,6 @@
 /*
-** shm.c -- shared memory segments, the sharing strategies, the tracker of
-** file_system names, and descriptor passing over unix sockets.
+** shm.c -- shared memory segments, the sharing strategies, and the tracker
+** of file_system names.  (Descriptors cross in fdpass.c.)
 **
 ** file_descriptor: a memfd (MFD_CLOEXEC|MFD_ALLOW_SEALING), sealed against
 **   shrinking and growing, freed by the kernel with its last fd and mapping.
