@@ -103,6 +103,25 @@ static int l_warn(lua_State *L) {
   return 0;
 }
 
+/* The parts of the core, each of which registers its functions and types
+** in the module table on the top of the stack: the table of contents of
+** multiprocessing.core (what each file is for: the map in mp.h).  The
+** codec comes before the types that register with it, the exceptions
+** before the kinds other parts derive from them. */
+static void (*const parts[])(lua_State *L) = {
+  mp_open_signames,     /* signames.c   signals */
+  mp_open_codec,        /* codec.c      encode, decode */
+  mp_open_exception,    /* exception.c  the exception types, isinstance */
+  mp_open_context,      /* context.c    start_processes, spawn, contexts */
+  mp_open_pool,         /* pool.c       cpu_count, TimeoutError, Pool's C */
+  mp_open_spawn,        /* start_spawn.c, executable.c, forkserver.c */
+  mp_open_shm,          /* shm.c        the sharing strategies */
+  mp_open_array,        /* array.c      Array, Value */
+  mp_open_channel,      /* channel.c    Queue, SimpleQueue, Pipe */
+  mp_open_sync,         /* sync.c       Lock ... Barrier */
+  mp_open_stdio,        /* stdio.c      mprun's descriptors and relay */
+};
+
 LUAMOD_API int luaopen_multiprocessing_core(lua_State *L);
 
 __attribute__((visibility("default")))
@@ -111,16 +130,14 @@ int luaopen_multiprocessing_core(lua_State *L) {
     {"set_warning_handler", l_set_warning_handler}, {"_warn", l_warn},
     {NULL, NULL}
   };
-  luaL_newlib(L, funcs);
+  size_t i;
+  luaL_newlib(L, funcs);                              /* M */
   lua_pushliteral(L, LMP_VERSION);   /* the one place the version is */
   lua_setfield(L, -2, "_VERSION");
-  mp_open_signames(L);
-  mp_open_codec(L);
-  mp_open_exception(L);
-  mp_open_context(L);
-  mp_open_pool(L);
-  mp_open_spawn(L);
-  mp_open_shm(L); mp_open_array(L); mp_open_channel(L); mp_open_sync(L);
-  mp_open_stdio(L);
+  for (i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+    int top = mp_stack_top(L);
+    parts[i](L);
+    mp_stack_check(L, top, 0);
+  }
   return 1;
 }
