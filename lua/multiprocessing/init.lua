@@ -1,24 +1,75 @@
 --- multiprocessing: start Lua worker processes, join them, and get their
 -- failures back as exceptions -- torch.multiprocessing for Lua.
 --
--- The system work is done in C (multiprocessing.core); this layer re-exports
--- it and adds what is convenient to write in Lua.
+-- The system work is done in C (multiprocessing.core, src/*.c).  This file
+-- is the table of contents of the API: every public name, grouped by
+-- concern, each group naming the file that implements it and the spec that
+-- covers it.  The core's names that start with "_" are the entry points of
+-- spawned workers and the forkserver, and helpers of the Lua layer: they
+-- are not exported.
 local core = require "multiprocessing.core"
 
--- Everything public of the core; names starting with "_" are the entry
--- points of spawned workers and the forkserver, and test hooks.
 local M = {}
-for name, value in pairs(core) do
-  if name:sub(1, 1) ~= "_" then M[name] = value end
+
+-- Copies the named entries of the core; a name the core lacks is a bug.
+local function export(names)
+  for _, name in ipairs(names) do
+    M[name] = core[name]
+    assert(M[name] ~= nil, "multiprocessing.core has no " .. name)
+  end
 end
 
 -- The version is kept in one place, multiprocessing.h (LMP_VERSION).
 M._VERSION = core._VERSION
 
--- mp.world(): rank, world size, node and launcher of this process.
+-- Processes: starting, joining, the handles of the workers.
+-- src/context.c, src/join.c, src/worker.c, src/start_*.c;
+-- spec/core_spec.lua, spec/results_spec.lua, spec/repl_spec.lua.
+export { "start_processes", "spawn", "ProcessContext", "active_children",
+         "current_process" }
+
+-- Failures as exception objects.  src/exception.c; spec/core_spec.lua.
+export { "ProcessException", "ProcessRaisedException",
+         "ProcessExitedException", "isinstance" }
+
+-- Where the library's warnings go (stderr, or a host's handler).
+-- src/core.c; spec/embed_spec.lua.
+export { "set_warning_handler" }
+
+-- The program of "spawn" and "forkserver" workers.  src/executable.c;
+-- spec/spawn_spec.lua.
+export { "set_executable", "get_executable" }
+
+-- How shared memory crosses: file_descriptor or file_system.  src/shm.c;
+-- spec/sharing_spec.lua.
+export { "get_all_sharing_strategies", "get_sharing_strategy",
+         "set_sharing_strategy" }
+
+-- Shared arrays.  src/array.c; spec/sharing_spec.lua.
+export { "Array", "Value" }
+
+-- Channels.  src/channel.c; spec/queue_spec.lua.
+export { "Queue", "SimpleQueue", "JoinableQueue", "Pipe" }
+
+-- Synchronisation.  src/sync.c (waits: src/wait.c); spec/sync_spec.lua.
+export { "Lock", "RLock", "Semaphore", "BoundedSemaphore", "Event",
+         "Condition", "Barrier" }
+
+-- The codec workers use, for tests and tools.  src/codec.c;
+-- spec/codec_spec.lua.
+export { "encode", "decode" }
+
+-- Signal names -> numbers.  src/signames.c; spec/core_spec.lua.
+export { "signals" }
+
+-- Where this process stands in a job (mprun).
+-- lua/multiprocessing/world.lua; spec/mprun_spec.lua.
 M.world = require("multiprocessing.world").world
 
--- Process pools (pool.lua) and the start method they use by default.
+-- Process pools and the start method they use by default.
+-- lua/multiprocessing/pool.lua (its C: src/pool.c); spec/pool_spec.lua.
+export { "cpu_count", "TimeoutError" }
+
 local start_method = "spawn"
 local start_methods = { fork = true, spawn = true, forkserver = true }
 
