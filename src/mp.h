@@ -62,7 +62,8 @@
 **
 ** The Lua layer is lua/multiprocessing/: init.lua lists the public names,
 ** grouped by the file that implements them; mprun.lua and world.lua are
-** the launcher.  README "Layout" maps features to files and to specs.
+** the launcher, cluster.lua what it learns from a cluster's engine.
+** README "Layout" maps features to files and to specs.
 */
 #ifndef mp_h
 #define mp_h
