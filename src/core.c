@@ -103,6 +103,18 @@ static int l_warn(lua_State *L) {
   return 0;
 }
 
+/* _now() -> CLOCK_MONOTONIC seconds, for the Lua layer's deadlines. */
+static int l_now(lua_State *L) {
+  lua_pushnumber(L, mp_now());
+  return 1;
+}
+
+/* _isatty(fd) -> whether fd is a terminal (progress and status lines). */
+static int l_isatty(lua_State *L) {
+  lua_pushboolean(L, isatty((int)mp_checkinteger(L, 1)));
+  return 1;
+}
+
 /* The parts of the core, each of which registers its functions and types
 ** in the module table on the top of the stack: the table of contents of
 ** multiprocessing.core (what each file is for: the map in mp.h).  The
@@ -128,7 +140,7 @@ __attribute__((visibility("default")))
 int luaopen_multiprocessing_core(lua_State *L) {
   static const luaL_Reg funcs[] = {
     {"set_warning_handler", l_set_warning_handler}, {"_warn", l_warn},
-    {NULL, NULL}
+    {"_now", l_now}, {"_isatty", l_isatty}, {NULL, NULL}
   };
   size_t i;
   luaL_newlib(L, funcs);                              /* M */

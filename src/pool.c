@@ -1,9 +1,9 @@
 /*
 ** pool.c -- what mp.Pool (lua/multiprocessing/pool.lua) needs from C: the
-** number of processors, a monotonic clock for task timeouts, whether
-** stderr is a terminal (the progress line), a quick look at whether a list
-** holds only plain values (which need no check), and the exceptions of failed
-** tasks, including mp.TimeoutError (a kind of ProcessException).  The pool
+** number of processors, a quick look at whether a list holds only plain
+** values (which need no check), and the exceptions of failed tasks,
+** including mp.TimeoutError (a kind of ProcessException).  (Its clock and
+** whether stderr is a terminal: core.c's _now and _isatty.)  The pool
 ** itself is Lua: a policy over ProcessContexts and Queues.
 **
 ** The board: one int64 word per worker in a sealed memfd, where a worker
@@ -118,18 +118,6 @@ static int l_cpu_count(lua_State *L) {
   return 1;
 }
 
-/* _now() -> CLOCK_MONOTONIC seconds */
-static int l_now(lua_State *L) {
-  lua_pushnumber(L, mp_now());
-  return 1;
-}
-
-/* _isatty(fd) -> boolean */
-static int l_isatty(lua_State *L) {
-  lua_pushboolean(L, isatty((int)luaL_checkinteger(L, 1)));
-  return 1;
-}
-
 /* _plain(t, n) -> whether t[1..n] are all nil, booleans, numbers or
 ** strings: such a list needs no check that it can be sent. */
 static int l_plain(lua_State *L) {
@@ -198,7 +186,7 @@ void mp_open_pool(lua_State *L) {
     {"close", board_close}, {NULL, NULL}
   };
   static const luaL_Reg funcs[] = {
-    {"cpu_count", l_cpu_count}, {"_now", l_now}, {"_isatty", l_isatty},
+    {"cpu_count", l_cpu_count},
     {"_exception", l_exception}, {"_plain", l_plain}, {"_board", l_board},
     {"_check_sendable", l_check_sendable},
     {NULL, NULL}

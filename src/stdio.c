@@ -17,7 +17,7 @@
 **   parent side: _pipe, _open, _makedirs, _signalfd (mprun blocks the
 **            signals it handles and reads them: no handler), _ctx_signal
 **            (a context's workers and their process groups), _nofile,
-**            _isatty, _cpus, _now.
+**            _cpus (and core.c's _isatty, _now).
 ** Everything here is internal (names start with "_"): the public face is
 ** lua/multiprocessing/mprun.lua.
 */
@@ -209,11 +209,6 @@ static int l_ctx_signal(lua_State *L) {
   return 0;
 }
 
-static int l_isatty(lua_State *L) {
-  lua_pushboolean(L, isatty((int)mp_checkinteger(L, 1)));
-  return 1;
-}
-
 /* _cpus() -> the CPUs this process may run on. */
 static int l_cpus(lua_State *L) {
   cpu_set_t set;
@@ -241,11 +236,6 @@ static int l_nofile(lua_State *L) {
   }
   setrlimit(RLIMIT_NOFILE, &rl);  /* best effort: a refusal keeps the old */
   lua_pushinteger(L, old);
-  return 1;
-}
-
-static int l_now(lua_State *L) {
-  lua_pushnumber(L, mp_now());
   return 1;
 }
 
@@ -717,8 +707,7 @@ void mp_open_stdio(lua_State *L) {
   static const luaL_Reg funcs[] = {
     {"_pipe", l_pipe}, {"_open", l_open}, {"_makedirs", l_makedirs},
     {"_signalfd", l_signalfd}, {"_ctx_signal", l_ctx_signal},
-    {"_isatty", l_isatty}, {"_cpus", l_cpus}, {"_now", l_now},
-    {"_nofile", l_nofile},
+    {"_cpus", l_cpus}, {"_nofile", l_nofile},
     {"_rank_stdio", l_rank_stdio}, {"_setenv", l_setenv},
     {"_run_program", l_run_program}, {"_relay", l_relay}, {NULL, NULL}
   };
