@@ -148,21 +148,29 @@ typedef struct Inbox {
   char small[INLINE_BUF];
 } Inbox;
 
-static ChanHdr *H(Chan *c) { return (ChanHdr *)(void *)c->seg.base; }
-static Ring *RG(Chan *c, int r) { return &H(c)->ring[r]; }
-static unsigned char *DATA(Chan *c, int r) {
-  return c->seg.base + H(c)->data_off + (size_t)r * H(c)->cap;
+static inline ChanHdr *chan_hdr(Chan *c) {
+  return (ChanHdr *)(void *)c->seg.base;
+}
+static inline Ring *chan_ring(Chan *c, int r) {
+  return &chan_hdr(c)->ring[r];
+}
+static inline unsigned char *ring_data(Chan *c, int r) {
+  return c->seg.base + chan_hdr(c)->data_off + (size_t)r * chan_hdr(c)->cap;
 }
 
-static uint64_t ld64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
-static uint32_t ld32(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+static inline uint64_t ld64(const uint64_t *p) {
+  return __atomic_load_n(p, __ATOMIC_SEQ_CST);
+}
+static inline uint32_t ld32(const uint32_t *p) {
+  return __atomic_load_n(p, __ATOMIC_SEQ_CST);
+}
 static int64_t count_of(Chan *c, int r) {
-  return __atomic_load_n(&RG(c, r)->count, __ATOMIC_SEQ_CST);
+  return __atomic_load_n(&chan_ring(c, r)->count, __ATOMIC_SEQ_CST);
 }
 
 static const char *chan_what(Chan *c) {
   if (c->kind == K_CONN) return "Connection";
-  return c->seg.base && H(c)->joinable ? "JoinableQueue" : "Queue";
+  return c->seg.base && chan_hdr(c)->joinable ? "JoinableQueue" : "Queue";
 }
 
 static void closefd(int *fd) {
@@ -170,8 +178,7 @@ static void closefd(int *fd) {
   *fd = -1;
 }
 
-/* ------------------------------------------------------------------ */
-/* the eventfd of a ring, for fileno()                                 */
+/* --- the eventfd of a ring, for fileno() --------------------------------- */
 
 static void ev_signal(int fd) {
   uint64_t one = 1;
@@ -182,17 +189,16 @@ static void ev_signal(int fd) {
 ** readable (and is made readable again if one came meanwhile). */
 static void ev_taken(Chan *c, int r) {
   uint64_t v;
-  if (!ld32(&RG(c, r)->watched) || count_of(c, r) > 0) return;
+  if (!ld32(&chan_ring(c, r)->watched) || count_of(c, r) > 0) return;
   if (read(c->revfd, &v, sizeof v) < 0) { /* already clear */ }
   if (count_of(c, r) > 0) ev_signal(c->revfd);
 }
 
-/* ------------------------------------------------------------------ */
-/* attach / detach                                                     */
+/* --- attach / detach ----------------------------------------------------- */
 
 static void chan_attach(lua_State *L, Chan *c) {
   if (c->slotpid == getpid()) return;
-  c->slot = mp_peers_attach(&H(c)->peers, c->end);
+  c->slot = mp_peers_attach(&chan_hdr(c)->peers, c->end);
   if (c->slot < 0)
     luaL_error(L, "%s: more than %d processes attached", chan_what(c),
                MP_NSLOTS);
@@ -205,7 +211,7 @@ static void chan_drain(lua_State *L, Chan *c, int only);
 ** reading end) empties what nobody can read any more first. */
 static void chan_release(lua_State *L, Chan *c) {
   if (c->seg.base && c->slotpid == getpid() && c->slot >= 0) {
-    mp_Peers *p = &H(c)->peers;
+    mp_Peers *p = &chan_hdr(c)->peers;
     mp_peers_detach(p, c->slot);
     c->slot = -1;
     if (mp_peers_alive(p, -1, -1) != 1)
@@ -248,8 +254,7 @@ static Chan *checkchan(lua_State *L, int idx) {
   return c;
 }
 
-/* ------------------------------------------------------------------ */
-/* walking values for the channels (and other objects) inside          */
+/* --- walking values for the channels (and other objects) inside ---------- */
 
 /* Called on every value met; returns 1 when it handled the value (the walk
 ** does not look inside it). */
@@ -325,7 +330,7 @@ static int visit_handed(lua_State *L, int idx, void *ud) {
   if (c->seg.base)
     for (i = 0; i < h->n; i++)
       if (h->w[i].pid > 0)
-        mp_peers_handed(&H(c)->peers, c->end, h->w[i].pid);
+        mp_peers_handed(&chan_hdr(c)->peers, c->end, h->w[i].pid);
   return 1;
 }
 
@@ -336,8 +341,7 @@ void mp_sharing_handed(lua_State *L, int idx, const mp_Worker *w, int n) {
   walk_value(L, idx, visit_handed, &h);
 }
 
-/* ------------------------------------------------------------------ */
-/* waiting                                                             */
+/* --- waiting ------------------------------------------------------------- */
 
 enum { W_DATA, W_SPACE, W_SLOT, W_REST, W_DONE };
 
@@ -353,7 +357,7 @@ typedef struct Waiter {
 } Waiter;
 
 static uint64_t avail(Chan *c, int r) {
-  Ring *g = RG(c, r);
+  Ring *g = chan_ring(c, r);
   return ld64(&g->tail) - ld64(&g->head);
 }
 
@@ -363,24 +367,24 @@ static int ready(const Waiter *x) {
   Chan *c = x->c;
   switch (x->what) {
     case W_DATA: return avail(c, x->r) >= x->need;
-    case W_SPACE: return H(c)->cap - avail(c, x->r) >= x->need;
+    case W_SPACE: return chan_hdr(c)->cap - avail(c, x->r) >= x->need;
     case W_SLOT: {
-      int64_t m = H(c)->maxsize;
+      int64_t m = chan_hdr(c)->maxsize;
       return m <= 0 || count_of(c, x->r) < m;
     }
     case W_REST: return avail(c, x->r) > 0;
     default:
-      return __atomic_load_n(&H(c)->unfinished, __ATOMIC_SEQ_CST) <= 0;
+      return __atomic_load_n(&chan_hdr(c)->unfinished, __ATOMIC_SEQ_CST) <= 0;
   }
 }
 
 static int peers_gone(Chan *c) {
-  return mp_peers_alive(&H(c)->peers, c->slot, c->kind == K_CONN ? c->end : -1)
+  return mp_peers_alive(&chan_hdr(c)->peers, c->slot, c->kind == K_CONN ? c->end : -1)
          < 0;
 }
 
 static uint32_t *wait_word(const Waiter *x, uint32_t **waiters) {
-  ChanHdr *h = H(x->c);
+  ChanHdr *h = chan_hdr(x->c);
   Ring *g = &h->ring[x->r];
   switch (x->what) {
     case W_DATA: case W_REST: *waiters = &g->rwait; return &g->dataseq;
@@ -447,8 +451,7 @@ static int wait_untimed(Waiter *x, mp_Wait *w) {
   return st;
 }
 
-/* ------------------------------------------------------------------ */
-/* ring copies                                                         */
+/* --- ring copies --------------------------------------------------------- */
 
 /* A position in a ring's data: copies that follow each other go on from
 ** it without dividing again. */
@@ -459,8 +462,8 @@ typedef struct Cursor {
 
 static Cursor cursor(Chan *c, int r, uint64_t at) {
   Cursor k;
-  k.d = DATA(c, r);
-  k.cap = H(c)->cap;
+  k.d = ring_data(c, r);
+  k.cap = chan_hdr(c)->cap;
   k.off = at % k.cap;
   return k;
 }
@@ -494,13 +497,13 @@ static void get_at(Cursor *k, void *dst, size_t n) {
 }
 
 static void publish(Chan *c, int r, uint64_t tail) {
-  Ring *g = RG(c, r);
+  Ring *g = chan_ring(c, r);
   __atomic_store_n(&g->tail, tail, __ATOMIC_SEQ_CST);
   wake(&g->dataseq, &g->rwait);
 }
 
 static void consume(Chan *c, int r, size_t n) {
-  Ring *g = RG(c, r);
+  Ring *g = chan_ring(c, r);
   __atomic_store_n(&g->head, g->head + n, __ATOMIC_SEQ_CST);
   wake(&g->spaceseq, &g->wwait);
 }
@@ -508,24 +511,23 @@ static void consume(Chan *c, int r, size_t n) {
 /* Takes n bytes from the ring; dst may be NULL: skip. */
 static void ring_get(Chan *c, int r, void *dst, size_t n) {
   if (dst) {
-    Cursor k = cursor(c, r, RG(c, r)->head);
+    Cursor k = cursor(c, r, chan_ring(c, r)->head);
     get_at(&k, dst, n);
   }
   consume(c, r, n);
 }
 
-/* ------------------------------------------------------------------ */
-/* writing                                                             */
+/* --- writing ------------------------------------------------------------- */
 
 /* Writes n bytes (src NULL: zeros) as room comes, within the deadline of
 ** w; keeps wpending up to date, so that giving up leaves the ring in a
 ** state the next writer and the reader both understand. */
 static int write_chunks(Chan *c, int r, const void *src, size_t n,
                         mp_Wait *w) {
-  Ring *g = RG(c, r);
+  Ring *g = chan_ring(c, r);
   const char *p = (const char *)src;
   while (n > 0) {
-    uint64_t room = H(c)->cap - avail(c, r), t = g->tail;
+    uint64_t room = chan_hdr(c)->cap - avail(c, r), t = g->tail;
     size_t k;
     Cursor at;
     if (room == 0) {
@@ -548,7 +550,7 @@ static int write_chunks(Chan *c, int r, const void *src, size_t n,
 
 /* With wlock held: pads what a writer that gave up still owed. */
 static int writer_recover(Chan *c, int r, mp_Wait *w) {
-  Ring *g = RG(c, r);
+  Ring *g = chan_ring(c, r);
   if (g->wpending == 0) return MP_OK;
   return write_chunks(c, r, NULL, (size_t)g->wpending, w);
 }
@@ -556,7 +558,7 @@ static int writer_recover(Chan *c, int r, mp_Wait *w) {
 /* With wlock held, giving up on the message begun at 'start': when no
 ** reader has taken any of it, it is taken back whole (1). */
 static int retract(Chan *c, int r, uint64_t start) {
-  Ring *g = RG(c, r);
+  Ring *g = chan_ring(c, r);
   int e = pthread_mutex_trylock(&g->rlock), done = 0;
   if (e == EOWNERDEAD) pthread_mutex_consistent(&g->rlock);
   else if (e != 0) return 0;
@@ -576,7 +578,7 @@ static int retract(Chan *c, int r, uint64_t start) {
 ** still owed -- head and tail jump together, no bytes needed.  1 when it
 ** did. */
 static int abandoned(Chan *c, int r) {
-  Ring *g = RG(c, r);
+  Ring *g = chan_ring(c, r);
   int e = pthread_mutex_trylock(&g->wlock), done = 0;
   if (e == EOWNERDEAD) pthread_mutex_consistent(&g->wlock);
   else if (e != 0) return 0;
@@ -634,8 +636,8 @@ static int send_fds(Chan *c, uint32_t seq, const int *fds, size_t nfds,
 static int chan_write(Chan *c, const void *data, size_t n, const int *fds,
                       size_t nfds, uint32_t flags, mp_Wait *w) {
   int r = c->wring, st;
-  Ring *g = RG(c, r);
-  uint64_t cap = H(c)->cap, total = MSG_HDR + n + MSG_END, end;
+  Ring *g = chan_ring(c, r);
+  uint64_t cap = chan_hdr(c)->cap, total = MSG_HDR + n + MSG_END, end;
   MsgHdr mh;
   Waiter x;
   st = mp_mutex_lock(&g->wlock, w);
@@ -683,8 +685,7 @@ done:
   return st;
 }
 
-/* ------------------------------------------------------------------ */
-/* reading                                                             */
+/* --- reading ------------------------------------------------------------- */
 
 static void inbox_clear(Inbox *in) {
   size_t i;
@@ -705,7 +706,7 @@ static int inbox_gc(lua_State *L) {
 /* Takes n bytes of the current message (dst NULL: skips them), waiting for
 ** them without the deadline: the rest of a message comes or is given up. */
 static int read_rest(Chan *c, int r, size_t n, char *dst, mp_Wait *w) {
-  Ring *g = RG(c, r);
+  Ring *g = chan_ring(c, r);
   while (n > 0) {
     uint64_t a = avail(c, r);
     size_t k;
@@ -783,7 +784,7 @@ static char *rbuf_for(Chan *c, Inbox *in, size_t len) {
 ** dropped.  Returns MP_OK, MP_TIMEOUT, MP_INTERRUPT, MP_PEERGONE, or an
 ** errno. */
 static int read_locked(Chan *c, int r, Inbox *in, mp_Wait *w) {
-  Ring *g = RG(c, r);
+  Ring *g = chan_ring(c, r);
   for (;;) {
     MsgHdr mh;
     Waiter x;
@@ -833,7 +834,7 @@ static int read_locked(Chan *c, int r, Inbox *in, mp_Wait *w) {
 }
 
 static int chan_read(Chan *c, Inbox *in, mp_Wait *w) {
-  Ring *g = RG(c, c->rring);
+  Ring *g = chan_ring(c, c->rring);
   int st = mp_mutex_lock(&g->rlock, w);
   if (st == MP_OWNERDEAD) st = MP_OK;
   if (st != MP_OK) return st;
@@ -843,8 +844,7 @@ static int chan_read(Chan *c, Inbox *in, mp_Wait *w) {
   return st;
 }
 
-/* ------------------------------------------------------------------ */
-/* what the last user leaves in a channel                              */
+/* --- what the last user leaves in a channel ------------------------------ */
 
 /* Closes every object a dropped message held (tables are walked; functions
 ** are module references: not theirs to close). */
@@ -908,8 +908,8 @@ static void unsend(lua_State *L, const Chan *c, const mp_Encoded *enc) {
 ** socket nobody else holds goes with it. */
 static void chan_drain(lua_State *L, Chan *c, int only) {
   int r, top = lua_gettop(L);
-  for (r = 0; r < (int)H(c)->nrings; r++) {
-    Ring *g = RG(c, r);
+  for (r = 0; r < (int)chan_hdr(c)->nrings; r++) {
+    Ring *g = chan_ring(c, r);
     int e;
     if (only >= 0 && r != only) continue;
     e = pthread_mutex_trylock(&g->rlock);
@@ -939,8 +939,7 @@ static void chan_drain(lua_State *L, Chan *c, int only) {
   lua_settop(L, top);
 }
 
-/* ------------------------------------------------------------------ */
-/* Lua side                                                            */
+/* --- Lua side ------------------------------------------------------------ */
 
 static int raise_status(lua_State *L, Chan *c, int st, const char *op) {
   switch (st) {
@@ -971,7 +970,7 @@ static int push_outcome(lua_State *L, Chan *c, int st, const char *op,
 }
 
 static void unfinished_add(Chan *c, int64_t n) {
-  ChanHdr *h = H(c);
+  ChanHdr *h = chan_hdr(c);
   if (__atomic_add_fetch(&h->unfinished, n, __ATOMIC_SEQ_CST) <= 0)
     wake(&h->doneseq, &h->donewait);
 }
@@ -998,10 +997,10 @@ static int put_impl(lua_State *L, Chan *c, int vidx, double timeout,
               c->kind == K_QUEUE ? "through a Queue" : "through a Pipe", &enc);
   }
   mp_wait_init(&w, L, timeout);
-  if (H(c)->joinable) unfinished_add(c, 1);
+  if (chan_hdr(c)->joinable) unfinished_add(c, 1);
   st = chan_write(c, enc.data, enc.size, enc.fds, enc.nfds, flags, &w);
   if (st != MP_OK) {
-    if (H(c)->joinable) unfinished_add(c, -1);
+    if (chan_hdr(c)->joinable) unfinished_add(c, -1);
     if (flags == 0) unsend(L, c, &enc);
     return push_outcome(L, c, st, op, timeout == 0 ? "full" : "timeout");
   }
@@ -1056,51 +1055,51 @@ static int get_impl(lua_State *L, Chan *c, double timeout, const char *op,
 }
 
 /* q:put(v [, timeout]) -> true | nil, "timeout" | "closed" */
-static int q_put(lua_State *L) {
+static int queue_put(lua_State *L) {
   Chan *c = checkchan(L, 1);
   return put_impl(L, c, 2, mp_opttimeout(L, 3), "put", 0);
 }
 
-static int q_put_nowait(lua_State *L) {
+static int queue_put_nowait(lua_State *L) {
   Chan *c = checkchan(L, 1);
   return put_impl(L, c, 2, 0, "put_nowait", 0);
 }
 
 /* q:get([timeout]) -> v | nil, "timeout" | "closed" */
-static int q_get(lua_State *L) {
+static int queue_get(lua_State *L) {
   Chan *c = checkchan(L, 1);
   return get_impl(L, c, mp_opttimeout(L, 2), "get", 0);
 }
 
-static int q_get_nowait(lua_State *L) {
+static int queue_get_nowait(lua_State *L) {
   Chan *c = checkchan(L, 1);
   return get_impl(L, c, 0, "get_nowait", 0);
 }
 
-static int q_qsize(lua_State *L) {
+static int queue_qsize(lua_State *L) {
   Chan *c = checkchan(L, 1);
   int64_t n = count_of(c, 0);
   lua_pushinteger(L, n < 0 ? 0 : n);
   return 1;
 }
 
-static int q_empty(lua_State *L) {
+static int queue_empty(lua_State *L) {
   Chan *c = checkchan(L, 1);
   lua_pushboolean(L, count_of(c, 0) <= 0);
   return 1;
 }
 
-static int q_full(lua_State *L) {
+static int queue_full(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  int64_t m = H(c)->maxsize;
+  int64_t m = chan_hdr(c)->maxsize;
   lua_pushboolean(L, m > 0 && count_of(c, 0) >= m);
   return 1;
 }
 
 /* jq:task_done(): one item taken by get is finished. */
-static int q_task_done(lua_State *L) {
+static int queue_task_done(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  ChanHdr *h = H(c);
+  ChanHdr *h = chan_hdr(c);
   int64_t n = __atomic_load_n(&h->unfinished, __ATOMIC_SEQ_CST);
   do {
     if (n <= 0)
@@ -1114,7 +1113,7 @@ static int q_task_done(lua_State *L) {
 
 /* jq:join([timeout]) -> true when every item put is done, false on
 ** timeout. */
-static int q_join(lua_State *L) {
+static int queue_join(lua_State *L) {
   Chan *c = checkchan(L, 1);
   mp_Wait w;
   Waiter x;
@@ -1127,7 +1126,7 @@ static int q_join(lua_State *L) {
   return 1;
 }
 
-static int c_close(lua_State *L) {
+static int chan_close(lua_State *L) {
   chan_release(L, tochan(L, 1));
   return 0;
 }
@@ -1135,12 +1134,12 @@ static int c_close(lua_State *L) {
 /* q:_functions(): this handle sends and receives Lua functions as bytecode
 ** (MP_CODEC_FUNCTIONS).  Internal: only for a queue private to a parent and
 ** the workers it started (the pool's task queues), never a user's. */
-static int q_functions(lua_State *L) {
+static int queue_functions(lua_State *L) {
   checkchan(L, 1)->codec = MP_CODEC_FUNCTIONS;
   return 0;
 }
 
-static int c_closed(lua_State *L) {
+static int chan_closed(lua_State *L) {
   lua_pushboolean(L, tochan(L, 1)->seg.base == NULL);
   return 1;
 }
@@ -1149,13 +1148,13 @@ static int c_closed(lua_State *L) {
 ** message may be there: for poll(2), epoll, luv's uv.new_poll, cqueues;
 ** then get_nowait / recv(0).  Writers signal it only once someone asked
 ** for it, so the put/get path of everyone else pays one load. */
-static int c_fileno(lua_State *L) {
+static int chan_fileno(lua_State *L) {
   Chan *c = checkchan(L, 1);
   Ring *g;
   if (c->rring < 0 || c->revfd < 0)
     return luaL_error(L, "%s.fileno: this end of the pipe is write-only",
                       chan_what(c));
-  g = RG(c, c->rring);
+  g = chan_ring(c, c->rring);
   if (!ld32(&g->watched)) __atomic_store_n(&g->watched, 1, __ATOMIC_SEQ_CST);
   if (count_of(c, c->rring) > 0) ev_signal(c->revfd);
   lua_pushinteger(L, c->revfd);
@@ -1163,23 +1162,23 @@ static int c_fileno(lua_State *L) {
 }
 
 /* conn:send(v) -> true | nil, "closed" */
-static int c_send(lua_State *L) {
+static int conn_send(lua_State *L) {
   Chan *c = checkchan(L, 1);
   return put_impl(L, c, 2, -1, "send", 0);
 }
 
-static int c_send_bytes(lua_State *L) {
+static int conn_send_bytes(lua_State *L) {
   Chan *c = checkchan(L, 1);
   return put_impl(L, c, 2, -1, "send_bytes", 1);
 }
 
 /* conn:recv([timeout]) -> v | nil, "timeout" | "closed" */
-static int c_recv(lua_State *L) {
+static int conn_recv(lua_State *L) {
   Chan *c = checkchan(L, 1);
   return get_impl(L, c, mp_opttimeout(L, 2), "recv", 0);
 }
 
-static int c_recv_bytes(lua_State *L) {
+static int conn_recv_bytes(lua_State *L) {
   Chan *c = checkchan(L, 1);
   return get_impl(L, c, mp_opttimeout(L, 2), "recv_bytes", 1);
 }
@@ -1187,7 +1186,7 @@ static int c_recv_bytes(lua_State *L) {
 /* conn:poll([timeout = 0]) -> true when recv would not block (a message, or
 ** the other end gone so that recv returns nil, "closed"), false on
 ** timeout. */
-static int c_poll(lua_State *L) {
+static int conn_poll(lua_State *L) {
   Chan *c = checkchan(L, 1);
   double t = lua_isnoneornil(L, 2) ? 0 : mp_opttimeout(L, 2);
   mp_Wait w;
@@ -1219,12 +1218,12 @@ static int conn_index(lua_State *L) {
   return 1;
 }
 
-static int c_gc(lua_State *L) {
+static int chan_gc(lua_State *L) {
   chan_release(L, tochan(L, 1));
   return 0;
 }
 
-static int c_tostring(lua_State *L) {
+static int chan_tostring(lua_State *L) {
   Chan *c = tochan(L, 1);
   if (!c->seg.base)
     lua_pushfstring(L, "multiprocessing.%s (closed)", chan_what(c));
@@ -1239,8 +1238,7 @@ static int c_tostring(lua_State *L) {
   return 1;
 }
 
-/* ------------------------------------------------------------------ */
-/* creation                                                            */
+/* --- creation ------------------------------------------------------------ */
 
 static Chan *newchan(lua_State *L, int kind, int joinable) {
   Chan *c = (Chan *)lua_newuserdatauv(L, sizeof(Chan), 0);
@@ -1267,7 +1265,7 @@ static void init_header(lua_State *L, Chan *c, uint64_t cap, int nrings,
   ChanHdr *h;
   int i, e;
   mp_seg_create(L, &c->seg, size, MP_SEG_FD);
-  h = H(c);
+  h = chan_hdr(c);
   h->magic = CHAN_MAGIC;
   h->nrings = (uint32_t)nrings;
   h->cap = cap;
@@ -1326,7 +1324,7 @@ static int make_queue(lua_State *L, int joinable) {
   int sv[2];
   c = newchan(L, K_QUEUE, joinable);
   init_header(L, c, cap, 1, maxsize > 0 ? maxsize : 0);
-  H(c)->joinable = (uint32_t)joinable;
+  chan_hdr(c)->joinable = (uint32_t)joinable;
   make_socks(L, sv);
   c->wsock = sv[0];
   c->rsock = sv[1];
@@ -1391,21 +1389,20 @@ static int new_pipe(lua_State *L) {
   return 2;
 }
 
-/* ------------------------------------------------------------------ */
-/* codec                                                               */
+/* --- codec --------------------------------------------------------------- */
 
-typedef struct Wire {
+typedef struct ChanWire {
   unsigned char kind, end, rring, wring;   /* 255 = -1 */
   uint32_t sent;          /* 1: in flight until decoded (not a broadcast) */
   uint64_t size;
-} Wire;
+} ChanWire;
 
 /* A copy sent to another process is in flight until it is decoded; a
 ** broadcast (a fresh worker's fn and args) is covered by the proxies the
 ** parent registers instead (mp_sharing_handed). */
 static void chan_encode(lua_State *L, int idx, mp_Writer *wr) {
   Chan *c = tochan(L, idx);
-  Wire wi;
+  ChanWire wi;
   if (!c->seg.base) luaL_error(L, "cannot send a closed %s", chan_what(c));
   memset(&wi, 0, sizeof wi);
   wi.kind = (unsigned char)c->kind;
@@ -1424,13 +1421,13 @@ static void chan_encode(lua_State *L, int idx, mp_Writer *wr) {
     mp_write_fd(L, wr, c->wsock);
     if (c->kind == K_CONN) mp_write_fd(L, wr, c->wevfd);
   }
-  if (wi.sent) mp_peers_inflight(&H(c)->peers, c->end, 1);
+  if (wi.sent) mp_peers_inflight(&chan_hdr(c)->peers, c->end, 1);
 }
 
 static int sign(unsigned char v) { return v == 255 ? -1 : (int)v; }
 
 static void chan_decode(lua_State *L, mp_Reader *rd) {
-  Wire wi;
+  ChanWire wi;
   Chan *c;
   int fd, joinable;
   uint64_t off;
@@ -1441,13 +1438,13 @@ static void chan_decode(lua_State *L, mp_Reader *rd) {
   fd = mp_read_fd(L, rd);
   c = newchan(L, wi.kind, 0);
   if (mp_seg_from_fd(L, &c->seg, fd, (size_t)wi.size, 1) != 0) lua_error(L);
-  if (H(c)->magic != CHAN_MAGIC || H(c)->nrings < 1 || H(c)->nrings > 2 ||
-      chan_size(H(c)->cap, (int)H(c)->nrings, &off) != wi.size ||
-      off != H(c)->data_off || sign(wi.rring) >= (int)H(c)->nrings ||
-      sign(wi.wring) >= (int)H(c)->nrings ||
+  if (chan_hdr(c)->magic != CHAN_MAGIC || chan_hdr(c)->nrings < 1 || chan_hdr(c)->nrings > 2 ||
+      chan_size(chan_hdr(c)->cap, (int)chan_hdr(c)->nrings, &off) != wi.size ||
+      off != chan_hdr(c)->data_off || sign(wi.rring) >= (int)chan_hdr(c)->nrings ||
+      sign(wi.wring) >= (int)chan_hdr(c)->nrings ||
       (wi.kind == K_CONN) != (sign(wi.end) >= 0))
     luaL_error(L, "received shared memory is not a Queue/Connection");
-  joinable = wi.kind == K_QUEUE && H(c)->joinable;
+  joinable = wi.kind == K_QUEUE && chan_hdr(c)->joinable;
   if (joinable) luaL_setmetatable(L, JQUEUE_T);
   c->end = sign(wi.end);
   c->rring = sign(wi.rring);
@@ -1465,41 +1462,44 @@ static void chan_decode(lua_State *L, mp_Reader *rd) {
   ** before it runs (mp_sharing_attach), covered until then by its proxy;
   ** the server itself never uses them */
   if (!(mp_read_flags(rd) & MP_CODEC_BROADCAST)) chan_attach(L, c);
-  if (wi.sent) mp_peers_inflight(&H(c)->peers, c->end, -1);
+  if (wi.sent) mp_peers_inflight(&chan_hdr(c)->peers, c->end, -1);
 }
 
 static const mp_CodecType queue_codec = {QUEUE_T, chan_encode, chan_decode};
 static const mp_CodecType jqueue_codec = {JQUEUE_T, chan_encode, chan_decode};
 static const mp_CodecType conn_codec = {CONN_T, chan_encode, chan_decode};
 
-/* ------------------------------------------------------------------ */
+/* --- registration -------------------------------------------------------- */
 
 #define QUEUE_METHODS \
-  {"put", q_put}, {"get", q_get}, {"put_nowait", q_put_nowait}, \
-  {"get_nowait", q_get_nowait}, {"qsize", q_qsize}, {"empty", q_empty}, \
-  {"full", q_full}, {"fileno", c_fileno}, {"close", c_close}, \
-  {"closed", c_closed}
+  {"put", queue_put}, {"get", queue_get}, \
+  {"put_nowait", queue_put_nowait}, {"get_nowait", queue_get_nowait}, \
+  {"qsize", queue_qsize}, {"empty", queue_empty}, {"full", queue_full}, \
+  {"fileno", chan_fileno}, {"close", chan_close}, {"closed", chan_closed}
 
 static const luaL_Reg queue_methods[] = {
-  QUEUE_METHODS, {"_functions", q_functions}, {NULL, NULL}
+  QUEUE_METHODS, {"_functions", queue_functions}, {NULL, NULL}
 };
 
 static const luaL_Reg jqueue_methods[] = {
-  QUEUE_METHODS, {"task_done", q_task_done}, {"join", q_join}, {NULL, NULL}
+  QUEUE_METHODS, {"task_done", queue_task_done}, {"join", queue_join},
+  {NULL, NULL}
 };
 
 static const luaL_Reg conn_methods[] = {
-  {"send", c_send}, {"recv", c_recv}, {"send_bytes", c_send_bytes},
-  {"recv_bytes", c_recv_bytes}, {"poll", c_poll}, {"fileno", c_fileno},
-  {"close", c_close}, {"closed", c_closed}, {NULL, NULL}
+  {"send", conn_send}, {"recv", conn_recv}, {"send_bytes", conn_send_bytes},
+  {"recv_bytes", conn_recv_bytes}, {"poll", conn_poll},
+  {"fileno", chan_fileno}, {"close", chan_close}, {"closed", chan_closed},
+  {NULL, NULL}
 };
 
 static const luaL_Reg channel_meta[] = {
-  {"__gc", c_gc}, {"__close", c_gc}, {"__tostring", c_tostring}, {NULL, NULL}
+  {"__gc", chan_gc}, {"__close", chan_gc}, {"__tostring", chan_tostring},
+  {NULL, NULL}
 };
 
 static const luaL_Reg conn_meta[] = {
-  {"__gc", c_gc}, {"__close", c_gc}, {"__tostring", c_tostring},
+  {"__gc", chan_gc}, {"__close", chan_gc}, {"__tostring", chan_tostring},
   {"__index", conn_index}, {NULL, NULL}
 };
 
