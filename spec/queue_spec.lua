@@ -6,83 +6,24 @@ local mp = require "multiprocessing"
 local H = require "helpers"
 
 
--- A C helper compiled for the specs: a host with a SIGUSR1 handler (without
--- SA_RESTART, so every signal interrupts a blocking call with EINTR), and a
--- tiny module that writes raw bytes to an fd.
+-- C helpers compiled for the specs (spec/host/): a host with a SIGUSR1
+-- handler without SA_RESTART (eintr_host.c: every signal interrupts a
+-- blocking call with EINTR), and a tiny module that writes raw bytes to an
+-- fd (raw.c).
 local host, rawmod, slowlua
 setup(function()
   local dir = os.tmpname()
   os.remove(dir)
   os.execute("mkdir -p " .. dir)
-  local f = assert(io.open(dir .. "/host.c", "w"))
-  f:write([[
-#include <signal.h>
-#include <stdio.h>
-#include <string.h>
-#include <unistd.h>
-#include "lua.h"
-#include "lauxlib.h"
-#include "lualib.h"
-static volatile sig_atomic_t hits;
-static void on_usr1(int s) { (void)s; hits++; }
-static int l_hits(lua_State *L) { lua_pushinteger(L, hits); return 1; }
-int main(int argc, char **argv) {
-  struct sigaction sa;
-  lua_State *L = luaL_newstate();
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_usr1;          /* no SA_RESTART: EINTR everywhere */
-  sigaction(SIGUSR1, &sa, NULL);
-  luaL_openlibs(L);
-  lua_pushinteger(L, getpid()); lua_setglobal(L, "PID");
-  lua_pushcfunction(L, l_hits); lua_setglobal(L, "HITS");
-  if (argc < 2 || luaL_dofile(L, argv[1])) {
-    fprintf(stderr, "%s\n", lua_tostring(L, -1)); lua_close(L); return 1;
-  }
-  lua_close(L);
-  return 0;
-}
-]])
-  f:close()
-  f = assert(io.open(dir .. "/raw.c", "w"))
-  f:write([[
-#include <poll.h>
-#include <sys/socket.h>
-#include "lua.h"
-#include "lauxlib.h"
-static int l_send(lua_State *L) {
-  size_t n; const char *s = luaL_checklstring(L, 2, &n);
-  lua_pushinteger(L, send((int)luaL_checkinteger(L, 1), s, n, MSG_NOSIGNAL));
-  return 1;
-}
-/* poll(fd, ms) -> true when fd is readable within ms */
-static int l_poll(lua_State *L) {
-  struct pollfd pf;
-  pf.fd = (int)luaL_checkinteger(L, 1);
-  pf.events = POLLIN;
-  lua_pushboolean(L, poll(&pf, 1, (int)luaL_checkinteger(L, 2)) == 1 &&
-                     (pf.revents & POLLIN));
-  return 1;
-}
-int luaopen_raw(lua_State *L);
-int luaopen_raw(lua_State *L) {
-  lua_createtable(L, 0, 2);
-  lua_pushcfunction(L, l_send); lua_setfield(L, -2, "send");
-  lua_pushcfunction(L, l_poll); lua_setfield(L, -2, "poll");
-  return 1;
-}
-]])
-  f:close()
   host = dir .. "/host"
   rawmod = dir .. "/raw.so"
   -- an executable that takes its time before it runs the worker
   slowlua = dir .. "/slowlua"
-  f = assert(io.open(slowlua, "w"))
-  f:write("#!/bin/sh\nsleep 0.5\nexec " .. mp.get_executable() .. ' "$@"\n')
-  f:close()
+  H.write(slowlua, "#!/bin/sh\nsleep 0.5\nexec " .. mp.get_executable() .. ' "$@"\n')
   os.execute("chmod +x " .. slowlua)
-  local out = H.sh(("cc -std=c99 -D_GNU_SOURCE -o %s %s/host.c $(pkg-config --cflags --libs lua5.4) 2>&1 && " ..
-                    "cc -std=c99 -shared -fPIC -o %s %s/raw.c $(pkg-config --cflags lua5.4) 2>&1")
-                   :format(host, dir, rawmod, dir))
+  local out = H.sh(("cc -std=c99 -D_GNU_SOURCE -o %s spec/host/eintr_host.c $(pkg-config --cflags --libs lua5.4) 2>&1 && " ..
+                    "cc -std=c99 -shared -fPIC -o %s spec/host/raw.c $(pkg-config --cflags lua5.4) 2>&1")
+                   :format(host, rawmod))
   assert(out == "", out)
 end)
 teardown(function()
@@ -850,7 +791,7 @@ end
 
 describe("blocking calls under an EINTR storm (SIGUSR1 every ms)", function()
   it("get, recv, lock, event and semaphore waits are unaffected", function()
-    local script = H.PATHS .. [[
+    local out = H.run_child([[
       local mp = require "multiprocessing"
       local pidfile = os.tmpname()
       os.execute(("sh -c 'while kill -USR1 %d 2>/dev/null; do sleep 0.001; done' " ..
@@ -877,13 +818,7 @@ describe("blocking calls under an EINTR storm (SIGUSR1 every ms)", function()
       assert(ctx:join(10))
       os.execute("kill " .. stormer)
       print("OK", HITS())
-    ]]
-    local file = os.tmpname()
-    local f = assert(io.open(file, "w"))
-    f:write(script)
-    f:close()
-    local out = H.sh(("%s %s 2>&1"):format(host, file))
-    os.remove(file)
+    ]], { command = host .. " %s" }):wait()
     local hits = tonumber(out:match("OK%s+(%d+)"))
     assert.is_truthy(hits, out)
     -- a shell forks a sleep per signal: slow machines (ASan) send fewer,

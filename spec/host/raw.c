@@ -1,0 +1,30 @@
+/*
+** raw.c -- a tiny Lua module for queue_spec.lua: raw.send(fd, bytes) writes
+** to a socket behind the library's back, raw.poll(fd, ms) tells whether
+** fd becomes readable.
+*/
+#include <poll.h>
+#include <sys/socket.h>
+#include "lua.h"
+#include "lauxlib.h"
+static int l_send(lua_State *L) {
+  size_t n; const char *s = luaL_checklstring(L, 2, &n);
+  lua_pushinteger(L, send((int)luaL_checkinteger(L, 1), s, n, MSG_NOSIGNAL));
+  return 1;
+}
+/* poll(fd, ms) -> true when fd is readable within ms */
+static int l_poll(lua_State *L) {
+  struct pollfd pf;
+  pf.fd = (int)luaL_checkinteger(L, 1);
+  pf.events = POLLIN;
+  lua_pushboolean(L, poll(&pf, 1, (int)luaL_checkinteger(L, 2)) == 1 &&
+                     (pf.revents & POLLIN));
+  return 1;
+}
+int luaopen_raw(lua_State *L);
+int luaopen_raw(lua_State *L) {
+  lua_createtable(L, 0, 2);
+  lua_pushcfunction(L, l_send); lua_setfield(L, -2, "send");
+  lua_pushcfunction(L, l_poll); lua_setfield(L, -2, "poll");
+  return 1;
+}
