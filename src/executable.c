@@ -63,23 +63,23 @@ static void push_default_executable(lua_State *L) {
   if (n > 0) {
     self[n] = '\0';
     if (is_stock_interpreter(self)) {
-      lua_pushstring(L, self);
+      lua_pushstring(L, self);                        /* exe */
       return;
     }
   }
-  push_core_path(L);
+  push_core_path(L);                                  /* core */
   core = lua_tostring(L, -1);
   slash = strrchr(core, '/');
   lua_pushlstring(L, core, slash ? (size_t)(slash - core + 1) : 0);
-  lua_pushliteral(L, WORKER_NAME);
-  lua_concat(L, 2);
-  lua_remove(L, -2);
+  lua_pushliteral(L, WORKER_NAME);                    /* core dir name */
+  lua_concat(L, 2);                                   /* core exe */
+  lua_remove(L, -2);                                  /* exe */
 }
 
 const char *mp_push_executable(lua_State *L) {
-  if (lua_getfield(L, LUA_REGISTRYINDEX, EXE_KEY) != LUA_TSTRING) {
-    lua_pop(L, 1);
-    push_default_executable(L);
+  if (lua_getfield(L, LUA_REGISTRYINDEX, EXE_KEY) != LUA_TSTRING) { /* exe */
+    lua_pop(L, 1);                                    /* */
+    push_default_executable(L);                       /* exe */
   }
   return lua_tostring(L, -1);
 }
@@ -110,17 +110,18 @@ static void push_quoted(lua_State *L, const char *s) {
   luaL_pushresult(&b);
 }
 
-/* The worker loads this very core.so (by path: it need not be on cpath)
-** and registers it, so that a later require finds it; only if that fails
-** does require search the parent's cpath. */
-void mp_push_bootstrap(lua_State *L, const char *call) {
+/* Pushes the -e chunk that loads the core and calls core.<call>.  The
+** worker loads this very core.so (by path: it need not be on cpath) and
+** registers it, so that a later require finds it; only if that fails does
+** require search the parent's cpath. */
+static void push_bootstrap(lua_State *L, const char *call) {
   int top = lua_gettop(L), base;
-  lua_getglobal(L, "package");
-  if (lua_istable(L, -1)) lua_getfield(L, -1, "cpath");
+  lua_getglobal(L, "package");                        /* package */
+  if (lua_istable(L, -1)) lua_getfield(L, -1, "cpath"); /* package cpath */
   else lua_pushnil(L);
-  push_core_path(L);
-  base = lua_gettop(L);  /* cpath at base - 1, core path at base */
-  lua_pushliteral(L, LMP_WORKER_MARK " ");
+  push_core_path(L);                                  /* package cpath core */
+  base = lua_gettop(L);
+  lua_pushliteral(L, LMP_WORKER_MARK " ");            /* ... core pieces... */
   if (lua_type(L, base - 1) == LUA_TSTRING) {
     lua_pushliteral(L, "package.cpath=");
     push_quoted(L, lua_tostring(L, base - 1));
@@ -131,20 +132,29 @@ void mp_push_bootstrap(lua_State *L, const char *call) {
   push_quoted(L, lua_tostring(L, base));
   lua_pushfstring(L, ",\"luaopen_multiprocessing_core\") "
                      "require\"multiprocessing.core\".%s", call);
-  lua_concat(L, lua_gettop(L) - base);
-  lua_replace(L, top + 1);
-  lua_settop(L, top + 1);
+  lua_concat(L, lua_gettop(L) - base);           /* package cpath core chunk */
+  lua_replace(L, top + 1);                            /* chunk cpath core */
+  lua_settop(L, top + 1);                             /* chunk */
+}
+
+void mp_push_argv(lua_State *L, int exe, const char *call, char *argv[4]) {
+  push_bootstrap(L, call);                            /* chunk */
+  argv[0] = (char *)(size_t)lua_tostring(L, exe);
+  argv[1] = (char *)(size_t)"-e";
+  argv[2] = (char *)(size_t)lua_tostring(L, -1);
+  argv[3] = NULL;
 }
 
 /* --- the hello of a chosen executable ------------------------------------ */
 
 /* Pushes the registry's set of executables that answered: a table. */
 static void push_verified(lua_State *L) {
-  if (lua_getfield(L, LUA_REGISTRYINDEX, VERIFIED_KEY) == LUA_TTABLE) return;
-  lua_pop(L, 1);
-  lua_newtable(L);
-  lua_pushvalue(L, -1);
-  lua_setfield(L, LUA_REGISTRYINDEX, VERIFIED_KEY);
+  if (lua_getfield(L, LUA_REGISTRYINDEX, VERIFIED_KEY) == LUA_TTABLE)
+    return;                                           /* set */
+  lua_pop(L, 1);                                      /* */
+  lua_newtable(L);                                    /* set */
+  lua_pushvalue(L, -1);                               /* set set */
+  lua_setfield(L, LUA_REGISTRYINDEX, VERIFIED_KEY);   /* set */
 }
 
 int mp_executable_verified(lua_State *L, const char *exe) {
@@ -153,10 +163,10 @@ int mp_executable_verified(lua_State *L, const char *exe) {
     lua_pop(L, 1);
     return 1;  /* the default: the interpreter running us, or our worker */
   }
-  lua_pop(L, 1);
-  push_verified(L);
-  known = lua_getfield(L, -1, exe) != LUA_TNIL;
-  lua_pop(L, 2);
+  lua_pop(L, 1);                                      /* */
+  push_verified(L);                                   /* set */
+  known = lua_getfield(L, -1, exe) != LUA_TNIL;       /* set mark */
+  lua_pop(L, 2);                                      /* */
   return known;
 }
 
@@ -188,10 +198,10 @@ int mp_await_hello(lua_State *L, int fd, const char *exe) {
                        "multiprocessing.h)", exe);
     return ENOEXEC;
   }
-  push_verified(L);
-  lua_pushboolean(L, 1);
-  lua_setfield(L, -2, exe);
-  lua_pop(L, 1);
+  push_verified(L);                                   /* set */
+  lua_pushboolean(L, 1);                              /* set true */
+  lua_setfield(L, -2, exe);                           /* set */
+  lua_pop(L, 1);                                      /* */
   return 0;
 }
 

@@ -27,9 +27,10 @@
 ** the host's modules.
 **
 ** The server exits on EOF of its socket, which the parent process holds
-** (not PDEATHSIG: that follows the thread that started the server).  The parent holds the socket and the server's pidfd in a
-** userdata in the registry, whose __gc kills and reaps the server: closing
-** the state leaves neither a zombie nor a running server.
+** (not PDEATHSIG: that follows the thread that started the server).  The
+** parent holds the socket and the server's pidfd in a userdata in the
+** registry, whose __gc kills and reaps the server: closing the state
+** leaves neither a zombie nor a running server.
 */
 #include <errno.h>
 #include <fcntl.h>
@@ -50,15 +51,9 @@
 #include "mp.h"
 #include "multiprocessing.h"
 
-#ifndef P_PIDFD
-#define P_PIDFD 3
-#endif
-
 #define SERVER_KEY "multiprocessing.forkserver"
 #define SERVER_T   "multiprocessing.ForkServer"
 #define REQ_MAGIC  0x4c4d5046u
-#define MAXFDS     MP_MAXFDS
-#define NFIXED     4      /* payload, reports, reports' socket, lifeline */
 
 LUAMOD_API int luaopen_multiprocessing_core(lua_State *L);
 
@@ -66,7 +61,7 @@ typedef struct Request {
   uint32_t magic;
   int32_t nprocs;
   int32_t parent;      /* the user process: the workers' parent */
-  uint32_t nfds;       /* the NFIXED, then the codec's */
+  uint32_t nfds;       /* mp_worker_fds: MP_WFD_NFIXED, then the codec's */
 } Request;
 
 typedef struct Reply {
@@ -103,7 +98,7 @@ static void close_all(int *fds, size_t n) {
     }
 }
 
-/* === the server ========================================================== */
+/* --- the server ---------------------------------------------------------- */
 
 /* glibc keeps the thread id in struct pthread and registers the robust
 ** mutex list with the kernel per thread.  A raw clone3 child has neither:
@@ -162,8 +157,7 @@ static pid_t clone_worker(int *pidfd, const Robust *rb) {
 typedef struct Job {
   int sock;
   const Request *rq;
-  int *fds;            /* payload, reports, reports' socket, lifeline,
-                          codec... */
+  int *fds;            /* mp_worker_fds (mp_WorkerFd) */
   size_t nfds;
   const Robust *rb;
   lmp_Openlibs openlibs;  /* the host's (lmp_worker_main), or NULL */
@@ -187,12 +181,12 @@ static void worker_child(lua_State *sub, const Job *job, int rank) {
     syscall(SYS_set_robust_list, rb->head, rb->len);
   }
   close(job->sock);
-  close(job->fds[0]);
+  close(job->fds[MP_WFD_PAYLOAD]);
   /* our parent is the user's */
-  mp_worker_detach((pid_t)job->rq->parent, job->fds[3]);
-  job->fds[3] = -1;
-  to.fd = job->fds[1];
-  to.sock = job->fds[2];
+  mp_worker_detach((pid_t)job->rq->parent, job->fds[MP_WFD_LIFELINE]);
+  job->fds[MP_WFD_LIFELINE] = -1;
+  to.fd = job->fds[MP_WFD_REPORTS];
+  to.sock = job->fds[MP_WFD_RSOCK];
   mp_worker_run(sub, 1, 2, rank, &to);
 }
 
@@ -206,7 +200,8 @@ static int prepare(lua_State *L) {
     luaL_openlibs(L);
   luaL_requiref(L, "multiprocessing.core", luaopen_multiprocessing_core, 0);
   lua_pop(L, 1);
-  mp_payload_load(L, job->fds[0], job->fds + NFIXED, job->nfds - NFIXED);
+  mp_payload_load(L, job->fds[MP_WFD_PAYLOAD], job->fds + MP_WFD_NFIXED,
+                  job->nfds - MP_WFD_NFIXED);
   return 2;
 }
 
@@ -248,7 +243,7 @@ static void serve(const Job *job) {
 
 static int valid_request(const Request *rq, ssize_t r, size_t nfds) {
   return r == (ssize_t)sizeof *rq && rq->magic == REQ_MAGIC &&
-         rq->nprocs > 0 && rq->nfds >= NFIXED && rq->nfds == nfds;
+         rq->nprocs > 0 && rq->nfds >= MP_WFD_NFIXED && rq->nfds == nfds;
 }
 
 /* _forkserver_main(sock, parent_pid): the server's loop; never returns. */
@@ -269,8 +264,8 @@ static int l_forkserver_main(lua_State *L) {
   if (write(sock, "", 1) != 1) _exit(1);  /* hello */
   for (;;) {
     Request rq;
-    int fds[MAXFDS];
-    size_t nfds = MAXFDS;
+    int fds[MP_MAXFDS];
+    size_t nfds = MP_MAXFDS;
     ssize_t r = recv_msg(sock, &rq, sizeof rq, fds, &nfds);
     Job job;
     if (r == 0) _exit(0);  /* the parent closed its end */
@@ -289,7 +284,7 @@ static int l_forkserver_main(lua_State *L) {
   }
 }
 
-/* === the parent ========================================================== */
+/* --- the parent ---------------------------------------------------------- */
 
 typedef struct Server {
   int sock;            /* -1 when not running */
@@ -302,19 +297,15 @@ typedef struct Server {
 ** codes (-signal), or MP_EXIT_UNKNOWN. */
 static int server_stop(Server *s) {
   int code = MP_EXIT_UNKNOWN;
+  /* A forked copy of this state must not touch its parent's server. */
   if (s->pid > 0 && s->owner == getpid()) {
     siginfo_t si;
-    int r;
-    /* A forked copy of this state must not touch its parent's server. */
     /* By pid when pidfds cannot signal (valgrind): the server is our
     ** unreaped child, so its pid is still its own. */
     if (pidfd_send_signal(s->pidfd, SIGKILL, NULL, 0) != 0)
       kill(s->pid, SIGKILL);
-    memset(&si, 0, sizeof si);
-    do r = waitid((idtype_t)P_PIDFD, (id_t)s->pidfd, &si, WEXITED | __WALL);
-    while (r < 0 && errno == EINTR);
-    if (r == 0)
-      code = si.si_code == CLD_EXITED ? si.si_status : -si.si_status;
+    if (mp_wait_child(s->pid, s->pidfd, &si, 0) == 0)
+      code = mp_exit_code(&si);
   }
   if (s->sock >= 0) close(s->sock);
   if (s->pidfd >= 0) close(s->pidfd);
@@ -364,11 +355,7 @@ static int server_start(lua_State *L, Server *s, int si, int ei) {
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
     return mp_push_errno(L, "socketpair", errno);
   snprintf(call, sizeof call, "_forkserver_main(3,%ld)", (long)getpid());
-  mp_push_bootstrap(L, call);
-  argv[0] = (char *)(size_t)lua_tostring(L, ei);
-  argv[1] = (char *)(size_t)"-e";
-  argv[2] = (char *)(size_t)lua_tostring(L, -1);
-  argv[3] = NULL;
+  mp_push_argv(L, ei, call, argv);                        /* chunk */
   err = mp_launch(L, argv[0], argv, &sv[1], 1, &pid, &pidfd);
   close(sv[1]);
   if (err != 0) {
@@ -405,20 +392,14 @@ static int server_ensure(lua_State *L, Server *s, int si, int ei) {
   return s->pid > 0 ? 0 : server_start(L, s, si, ei);
 }
 
-static int send_request(Server *s, mp_Context *ctx, const mp_Payload *p) {
-  int fds[MAXFDS];
-  size_t i;
+static int send_request(Server *s, mp_Context *ctx, const int *fds,
+                        int nfds) {
   Request rq;
   rq.magic = REQ_MAGIC;
   rq.nprocs = ctx->nprocs;
   rq.parent = (int32_t)getpid();
-  rq.nfds = (uint32_t)(NFIXED + p->nfds);
-  fds[0] = p->fd;
-  fds[1] = ctx->reports.fd;
-  fds[2] = ctx->reports.peer;
-  fds[3] = ctx->lifeline[0];
-  for (i = 0; i < p->nfds; i++) fds[NFIXED + i] = p->fds[i];
-  return send_msg(s->sock, &rq, sizeof rq, fds, rq.nfds);
+  rq.nfds = (uint32_t)nfds;
+  return send_msg(s->sock, &rq, sizeof rq, fds, (size_t)nfds);
 }
 
 /* The pidfd of worker 'rank' did not fit (we are out of descriptors): it
@@ -493,45 +474,36 @@ static int read_replies(lua_State *L, mp_Context *ctx, Server *s) {
   return 0;
 }
 
-static int forkserver_start(lua_State *L, mp_Context *ctx, int ctxidx,
-                            int fn, int args) {
-  mp_Payload *p = mp_payload_push(L, ctx, ctxidx, fn, args);
-  int top = lua_gettop(L), si, ei, err, attempt;
-  Server *s;
-  mp_push_executable(L);
-  ei = lua_gettop(L);
-  s = push_server(L);
+/* Has the server (started or restarted as needed) fork every worker. */
+static int forkserver_launch(lua_State *L, mp_Context *ctx, int ei,
+                             const int *fds, int nfds) {
+  int si, err, attempt;
+  Server *s = push_server(L);                             /* ... server */
   si = lua_gettop(L);
-  if (p->nfds > MAXFDS - NFIXED) {
-    mp_payload_close(p);
+  if (nfds > MP_MAXFDS)
     return mp_push_errno(L, "the args carry too many descriptors for one "
                             "message to the forkserver", E2BIG);
-  }
-  fflush(NULL);  /* our buffered output first, as it would be without us */
   for (attempt = 0; ; attempt++) {
     err = server_ensure(L, s, si, ei);
-    if (err != 0) break;
-    err = send_request(s, ctx, p);
+    if (err != 0) return err;
+    err = send_request(s, ctx, fds, nfds);
     if (err == 0) {
       /* the server holds the workers' end now: one descriptor less while
       ** the pidfds come */
       mp_reports_started(&ctx->reports);
-      err = read_replies(L, ctx, s);
-      break;
+      return read_replies(L, ctx, s);
     }
     /* A server that died since we looked: one more try with a new one. */
     server_stop(s);
-    if (attempt > 0 || (err != EPIPE && err != ECONNRESET)) {
-      mp_push_errno(L, "cannot send the request to the forkserver", err);
-      break;
-    }
+    if (attempt > 0 || (err != EPIPE && err != ECONNRESET))
+      return mp_push_errno(L, "cannot send the request to the forkserver",
+                           err);
   }
-  mp_payload_close(p);
-  if (err != 0) {
-    lua_replace(L, top);
-    lua_settop(L, top);
-  }
-  return err;
+}
+
+static int forkserver_start(lua_State *L, mp_Context *ctx, int ctxidx,
+                            int fn, int args) {
+  return mp_start_fresh(L, ctx, ctxidx, fn, args, forkserver_launch);
 }
 
 const mp_StartMethod mp_start_forkserver = {"forkserver", forkserver_start};

@@ -1,6 +1,9 @@
 /*
-** launch.c -- starting an executable the way an embedded library must:
-** safe in a threaded host, holding its pidfd from the first instant.
+** launch.c -- what the fresh-interpreter start methods ("spawn",
+** "forkserver") share: the worker's descriptors, the one start sequence
+** (mp_start_fresh) around each method's own launch, waiting for a child by
+** pidfd, and starting an executable the way an embedded library must: safe
+** in a threaded host, holding its pidfd from the first instant.
 **
 ** clone(CLONE_VM | CLONE_VFORK) then execve, as posix_spawn does: no page
 ** tables are copied and the parent waits only until the exec.  Unlike
@@ -22,6 +25,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <stdio.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
@@ -33,8 +37,55 @@
 #include "mp.h"
 
 #ifndef P_PIDFD
-#define P_PIDFD 3
+#define P_PIDFD 3   /* waitid by pidfd: Linux 5.4, glibc 2.36 */
 #endif
+
+/* --- what spawn and forkserver share ------------------------------------- */
+
+int mp_worker_fds(const mp_Context *ctx, const mp_Payload *p, int *fds) {
+  size_t i;
+  fds[MP_WFD_PAYLOAD] = p->fd;
+  fds[MP_WFD_REPORTS] = ctx->reports.fd;
+  fds[MP_WFD_RSOCK] = ctx->reports.peer;
+  fds[MP_WFD_LIFELINE] = ctx->lifeline[0];
+  for (i = 0; i < p->nfds; i++) fds[MP_WFD_NFIXED + i] = p->fds[i];
+  return MP_WFD_NFIXED + (int)p->nfds;
+}
+
+int mp_start_fresh(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
+                   int args, mp_FreshLaunch launch) {
+  int top = lua_gettop(L), nfds, err;
+  mp_Payload *p = mp_payload_push(L, ctx, ctxidx, fn, args); /* payload */
+  int *fds = lua_newuserdatauv(L, sizeof(int) * (MP_WFD_NFIXED + p->nfds),
+                               0);                       /* payload fds */
+  nfds = mp_worker_fds(ctx, p, fds);
+  mp_push_executable(L);                                 /* payload fds exe */
+  fflush(NULL);  /* our buffered output first, as it would be without us */
+  err = launch(L, ctx, top + 3, fds, nfds);              /* ... [msg] */
+  mp_payload_close(p);
+  if (err != 0) lua_replace(L, top + 1);                 /* msg ... */
+  lua_settop(L, top + (err != 0));                       /* [msg] */
+  return err;
+}
+
+int mp_wait_child(pid_t pid, int pidfd, siginfo_t *si, int options) {
+  int r;
+  memset(si, 0, sizeof *si);
+  do {
+    if (pidfd >= 0)
+      r = waitid((idtype_t)P_PIDFD, (id_t)pidfd, si,
+                 options | WEXITED | __WALL);
+    else
+      r = waitid(P_PID, (id_t)pid, si, options | WEXITED | __WALL);
+  } while (r < 0 && errno == EINTR);
+  return r;
+}
+
+int mp_exit_code(const siginfo_t *si) {
+  return si->si_code == CLD_EXITED ? si->si_status : -si->si_status;
+}
+
+/* --- clone and exec ------------------------------------------------------ */
 
 #define STACK_SIZE (64 * 1024)   /* the child only makes system calls */
 
@@ -115,10 +166,9 @@ static int child_main(void *arg) {
 }
 
 /* Waits for a child that failed before exec (it exits at once). */
-static void reap_failed(int pidfd) {
+static void reap_failed(pid_t pid, int pidfd) {
   siginfo_t si;
-  while (waitid((idtype_t)P_PIDFD, (id_t)pidfd, &si, WEXITED | __WALL) < 0
-         && errno == EINTR) {}
+  mp_wait_child(pid, pidfd, &si, 0);
   close(pidfd);
 }
 
@@ -158,7 +208,7 @@ int mp_launch(lua_State *L, const char *exe, char *const argv[],
   }
   if (c.err != 0) {
     err = c.err;
-    reap_failed(*pidfd);
+    reap_failed(*pid, *pidfd);
     *pid = 0;
     *pidfd = -1;
     lua_pushfstring(L, "cannot start %s: %s", exe, strerror(err));

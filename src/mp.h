@@ -68,6 +68,7 @@
 #ifndef mp_h
 #define mp_h
 
+#include <signal.h>
 #include <sys/types.h>
 #include "lua.h"
 #include "lauxlib.h"
@@ -349,20 +350,13 @@ void   mp_new_class(lua_State *L, const char *tname, const luaL_Reg *meta,
 
 /* --- fresh interpreters: "spawn" and "forkserver" ---------------------- */
 
-/* launch.c: starts 'exe' with 'argv' (NULL-terminated) in its own process
-** group, with fds[i] as descriptor 3 + i and no other of ours above 2,
-** and a pidfd made with it (the exec makes its exit signal SIGCHLD
-** again).  0, or an errno with a message pushed. */
-#define MP_LAUNCH_MAXFDS 256
-int  mp_launch(lua_State *L, const char *exe, char *const argv[],
-               const int *fds, int nfds, pid_t *pid, int *pidfd);
-
 /* executable.c: the program that runs fresh workers (set_executable, or
 ** the running stock interpreter, or the worker next to core.so); pushes
-** it.  mp_push_bootstrap pushes the -e chunk that loads the core in it
-** and calls core.<call>. */
+** it.  mp_push_argv fills argv = {exe, "-e", chunk, NULL} for the
+** executable at stack index 'exe', where the chunk (pushed; argv borrows
+** it) loads the core and calls core.<call>. */
 const char *mp_push_executable(lua_State *L);
-void mp_push_bootstrap(lua_State *L, const char *call);
+void mp_push_argv(lua_State *L, int exe, const char *call, char *argv[4]);
 /* An executable chosen with set_executable has answered once in this
 ** state (the defaults always have): no need to wait for its hello. */
 int  mp_executable_verified(lua_State *L, const char *exe);
@@ -395,6 +389,49 @@ void mp_payload_release(lua_State *L, int ctxidx);
 ** its own, the others are closed).  A failure becomes a function that
 ** raises it, so that it reaches the parent as the worker's error. */
 void mp_payload_load(lua_State *L, int fd, int *fds, size_t nfds);
+
+/* launch.c: what the two methods share.  They differ only in how workers
+** come to be (an mp_FreshLaunch): spawn clone+execs each one, the
+** forkserver has its server fork them.
+**
+** A fresh worker's descriptors, in this order for both: a spawned worker
+** has slot k as descriptor 3 + k, a forkserver request carries them as
+** its SCM_RIGHTS.  The codec's descriptors follow the fixed ones.  A
+** protocol between processes: explicit values. */
+typedef enum mp_WorkerFd {
+  MP_WFD_PAYLOAD  = 0,   /* the payload memfd */
+  MP_WFD_REPORTS  = 1,   /* the reports memfd */
+  MP_WFD_RSOCK    = 2,   /* the workers' end of the reports' socket */
+  MP_WFD_LIFELINE = 3,   /* the read end of the context's lifeline */
+  MP_WFD_NFIXED   = 4    /* the codec's k-th is slot MP_WFD_NFIXED + k */
+} mp_WorkerFd;
+/* Fills 'fds' (room for MP_WFD_NFIXED + p->nfds) with the descriptors of
+** 'ctx' and its payload 'p'; returns how many. */
+int  mp_worker_fds(const mp_Context *ctx, const mp_Payload *p, int *fds);
+/* Starts the workers of 'ctx' with the executable at stack index 'exe'
+** and the descriptors 'fds' (mp_worker_fds), recording each worker and
+** ctx->started as it goes; 0, or an errno with a message pushed. */
+typedef int (*mp_FreshLaunch)(lua_State *L, mp_Context *ctx, int exe,
+                              const int *fds, int nfds);
+/* The start of both methods (an mp_StartMethod's start): encodes fn and
+** args once (mp_payload_push), finds the executable, flushes our buffered
+** output (no worker may print it again) and calls 'launch'.  Leaves the
+** stack as it was, plus the message on failure. */
+int  mp_start_fresh(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
+                    int args, mp_FreshLaunch launch);
+/* Starts 'exe' with 'argv' (NULL-terminated) in its own process group,
+** with fds[i] as descriptor 3 + i and no other of ours above 2, and a
+** pidfd made with it (the exec makes its exit signal SIGCHLD again).  0,
+** or an errno with a message pushed. */
+#define MP_LAUNCH_MAXFDS 256
+int  mp_launch(lua_State *L, const char *exe, char *const argv[],
+               const int *fds, int nfds, pid_t *pid, int *pidfd);
+/* waitid(2) for the child 'pidfd' (by 'pid' when pidfd < 0), retried on
+** EINTR, WEXITED and __WALL added to 'options'; 0 or -1 with errno. */
+int  mp_wait_child(pid_t pid, int pidfd, siginfo_t *si, int options);
+/* How a child that waitid reported ended: its exit status, or minus the
+** signal that killed it (as Process.exitcode counts). */
+int  mp_exit_code(const siginfo_t *si);
 
 /* forkserver.c */
 void mp_open_forkserver(lua_State *L);
