@@ -35,10 +35,6 @@
 #include "codec.h"
 #include "mp.h"
 
-#ifndef P_PIDFD
-#define P_PIDFD 3
-#endif
-
 /* --- exit status --------------------------------------------------------- */
 
 /* Linux >= 6.15 keeps a child's exit status on its pidfd after somebody
@@ -79,18 +75,6 @@ static int lost_status(const mp_Worker *w) {
   return mp_reports_exit_get(&w->ctx->reports, (int)(w - w->ctx->workers));
 }
 
-static int wait_worker(const mp_Worker *w, siginfo_t *si, int options) {
-  int r;
-  memset(si, 0, sizeof *si);
-  do {
-    if (w->pidfd >= 0)
-      r = waitid(P_PIDFD, (id_t)w->pidfd, si, options | WEXITED | __WALL);
-    else
-      r = waitid(P_PID, (id_t)w->pid, si, options | WEXITED | __WALL);
-  } while (r < 0 && errno == EINTR);
-  return r;
-}
-
 /* The 'watch' of fileno() (made lazily, see mp_watch) wakes an event loop
 ** when join has something to do.  Arms its timer to fire at 'at' (seconds
 ** of mp_now; INFINITY disarms, 0 fires at once): setting it also clears a
@@ -120,11 +104,11 @@ static void unwatch(mp_Context *ctx, int fd) {
 int mp_reap(mp_Worker *w) {
   siginfo_t si;
   if (w->state == MP_EXITED) return 1;
-  if (wait_worker(w, &si, WNOHANG | WNOWAIT) == 0) {
+  if (mp_wait_child(w->pid, w->pidfd, &si, WNOHANG | WNOWAIT) == 0) {
     if (si.si_pid == 0) return 0;
     killpg(w->pid, SIGKILL);
-    wait_worker(w, &si, 0);
-    w->exitcode = si.si_code == CLD_EXITED ? si.si_status : -si.si_status;
+    mp_wait_child(w->pid, w->pidfd, &si, 0);
+    w->exitcode = mp_exit_code(&si);
   } else if (errno == ECHILD) {
     killpg(w->pid, SIGKILL);
     w->exitcode = lost_status(w);
@@ -147,7 +131,7 @@ void mp_discard(mp_Worker *w) {
   siginfo_t si;
   kill(w->pid, SIGKILL);
   killpg(w->pid, SIGKILL);
-  wait_worker(w, &si, 0);
+  mp_wait_child(w->pid, w->pidfd, &si, 0);
   w->exitcode = -SIGKILL;
   w->terminated = 1;
   w->state = MP_EXITED;
@@ -449,17 +433,17 @@ static void push_global_hint(lua_State *L, const mp_Context *ctx,
   name += sizeof marker - 1;
   while (name[len] != '\0' && name[len] != '\'') len++;
   if (name[len] != '\'') return;
-  lua_pushglobaltable(L);
-  lua_pushlstring(L, name, len);
-  found = lua_rawget(L, -2) != LUA_TNIL;
-  lua_pop(L, 2);
+  lua_pushglobaltable(L);                             /* _G */
+  lua_pushlstring(L, name, len);                      /* _G name */
+  found = lua_rawget(L, -2) != LUA_TNIL;              /* _G value */
+  lua_pop(L, 2);                                      /* */
   if (!found) return;
-  lua_pushlstring(L, name, len);
+  lua_pushlstring(L, name, len);                      /* name */
   lua_pushfstring(L, "\n(hint: the parent has a global '%s', but globals are "
                      "not copied to a worker started by \"%s\": pass it in "
                      "args or keep it in a local the function uses)",
-                  lua_tostring(L, -1), ctx->method->name);
-  lua_remove(L, -2);
+                  lua_tostring(L, -1), ctx->method->name); /* name hint */
+  lua_remove(L, -2);                                  /* hint */
 }
 
 /* Protected: decodes the mp_Report (light userdata at 1), whose
@@ -470,57 +454,63 @@ static int decode_report(lua_State *L) {
   return 1;
 }
 
+/* Sets msg and value of the exception fields at 'fields' from the error
+** report 'rep' of worker 'rank'. */
 static void raised_fields(lua_State *L, const mp_Context *ctx, int rank,
-                          mp_Report *rep) {
-  int fields = lua_gettop(L);
+                          mp_Report *rep, int fields) {
+  int top = mp_stack_top(L), head;
   lua_pushfstring(L, "\n\n-- Process %d terminated with the following "
-                     "error:\n", rank);
-  lua_pushcfunction(L, decode_report);
-  lua_pushlightuserdata(L, rep);
-  if (lua_pcall(L, 1, 1, 0) == LUA_OK && lua_istable(L, -1)) {
-    lua_getfield(L, -1, "value");
-    lua_setfield(L, fields, "value");
-    if (lua_getfield(L, -1, "text") != LUA_TSTRING) {
-      lua_pop(L, 1);
-      lua_pushliteral(L, "(the error report has no text)");
+                     "error:\n", rank);                 /* head */
+  head = lua_gettop(L);
+  lua_pushcfunction(L, decode_report);                /* head f */
+  lua_pushlightuserdata(L, rep);                      /* head f rep */
+  if (lua_pcall(L, 1, 1, 0) == LUA_OK && lua_istable(L, -1)) { /* head r */
+    lua_getfield(L, -1, "value");                     /* head r value */
+    lua_setfield(L, fields, "value");                 /* head r */
+    if (lua_getfield(L, -1, "text") != LUA_TSTRING) { /* head r text */
+      lua_pop(L, 1);                                  /* head r */
+      lua_pushliteral(L, "(the error report has no text)"); /* head r text */
     }
-    lua_remove(L, -2);
-  } else {
+  } else {                                            /* head err */
     lua_pushfstring(L, "(the error report could not be read: %s)",
-                    lua_tostring(L, -1));
-    lua_remove(L, -2);
+                    lua_tostring(L, -1));             /* head err text */
   }
-  push_global_hint(L, ctx, lua_tostring(L, -1));
-  lua_concat(L, lua_gettop(L) - fields);
-  lua_setfield(L, fields, "msg");
+  lua_remove(L, -2);                                  /* head text */
+  push_global_hint(L, ctx, lua_tostring(L, -1));      /* head text [hint] */
+  lua_concat(L, lua_gettop(L) - head + 1);            /* msg */
+  lua_setfield(L, fields, "msg");                     /* */
+  mp_stack_check(L, top, 0);
 }
 
-static void exited_message(lua_State *L, int rank, int code) {
+/* Sets msg (and signal_name, when a signal killed it) of the exception
+** fields at 'fields' for worker 'rank', which ended with 'code'. */
+static void exited_fields(lua_State *L, int rank, int code, int fields) {
+  int top = mp_stack_top(L);
   const char *name;
-  if (code == MP_EXIT_UNKNOWN) {
+  if (code == MP_EXIT_UNKNOWN)
     lua_pushfstring(L, "process %d terminated and another waiter took its exit "
                        "status (does the host ignore or reap SIGCHLD?)", rank);
-    return;
-  }
-  if (code >= 0) {
+  else if (code >= 0)
     lua_pushfstring(L, "process %d terminated with exit code %d", rank, code);
-    return;
+  else {
+    name = mp_signal_name(-code);
+    if (name != NULL)
+      lua_pushstring(L, name);                        /* signame */
+    else
+      lua_pushfstring(L, "<Unknown signal %d>", -code);
+    lua_pushvalue(L, -1);                             /* signame signame */
+    lua_setfield(L, fields, "signal_name");           /* signame */
+    lua_pushfstring(L, "process %d terminated with signal %s", rank,
+                    lua_tostring(L, -1));             /* signame msg */
+    lua_remove(L, -2);                                /* msg */
   }
-  name = mp_signal_name(-code);
-  if (name != NULL)
-    lua_pushstring(L, name);
-  else
-    lua_pushfstring(L, "<Unknown signal %d>", -code);
-  lua_pushvalue(L, -1);
-  lua_setfield(L, -3, "signal_name");
-  lua_pushfstring(L, "process %d terminated with signal %s", rank,
-                  lua_tostring(L, -1));
-  lua_remove(L, -2);
+  lua_setfield(L, fields, "msg");                     /* */
+  mp_stack_check(L, top, 0);
 }
 
 /* Pushes the fields every exception about worker 'rank' has. */
 static void push_fields(lua_State *L, const mp_Context *ctx, int rank) {
-  lua_createtable(L, 0, 8);
+  lua_createtable(L, 0, 8);                           /* fields */
   lua_pushinteger(L, rank);
   lua_setfield(L, -2, "error_index");
   lua_pushinteger(L, ctx->workers[rank].pid);
@@ -534,161 +524,156 @@ static void push_exception(lua_State *L, mp_Context *ctx, int rank) {
   const mp_Worker *w = &ctx->workers[rank];
   mp_Report rep;
   int got = mp_reports_take(&ctx->reports, rank, MP_REPORT_ERROR, &rep);
-  push_fields(L, ctx, rank);
+  int fields, top = mp_stack_top(L);
+  push_fields(L, ctx, rank);                          /* fields */
+  fields = lua_gettop(L);
   if (w->exitcode != MP_EXIT_UNKNOWN) {
     lua_pushinteger(L, w->exitcode);
-    lua_setfield(L, -2, "exit_code");
+    lua_setfield(L, fields, "exit_code");
   }
   if (got < 0) {
     lua_pushfstring(L, "process %d failed, and its error report could not be "
                        "read: %s", rank, strerror(-got));
-    lua_setfield(L, -2, "msg");
-    mp_exception_new(L, MP_EXC_RAISED, -1);
+    lua_setfield(L, fields, "msg");
   } else if (got > 0) {
-    raised_fields(L, ctx, rank, &rep);
+    raised_fields(L, ctx, rank, &rep, fields);
     mp_report_free(&rep);
-    mp_exception_new(L, MP_EXC_RAISED, -1);
   } else {
-    exited_message(L, rank, w->exitcode);
-    lua_setfield(L, -2, "msg");
-    mp_exception_new(L, MP_EXC_EXITED, -1);
+    exited_fields(L, rank, w->exitcode, fields);
   }
-  lua_remove(L, -2);
+  mp_exception_new(L, got == 0 ? MP_EXC_EXITED : MP_EXC_RAISED,
+                   fields);                           /* fields e */
+  lua_remove(L, fields);                              /* e */
+  mp_stack_check(L, top, 1);
 }
 
 /* The first failure, with every other worker that failed on its own in
 ** e.failures (torch keeps only the first). */
 static void push_failure(lua_State *L, mp_Context *ctx, int first) {
-  int i, n = 0;
-  lua_newtable(L);
+  int i, n = 0, top = mp_stack_top(L);
+  lua_newtable(L);                                    /* others */
   for (i = 0; i < ctx->started; i++) {
     const mp_Worker *w = &ctx->workers[i];
     if (i == first || w->exitcode == 0 || w->terminated) continue;
-    push_exception(L, ctx, i);
-    lua_rawseti(L, -2, ++n);
+    push_exception(L, ctx, i);                        /* others e */
+    lua_rawseti(L, -2, ++n);                          /* others */
   }
-  push_exception(L, ctx, first);
-  lua_getiuservalue(L, -1, 1);
-  lua_pushvalue(L, -3);
-  lua_setfield(L, -2, "failures");
-  lua_pop(L, 1);
-  lua_remove(L, -2);
+  push_exception(L, ctx, first);                      /* others e */
+  lua_getiuservalue(L, -1, 1);                        /* others e fields */
+  lua_pushvalue(L, -3);                         /* others e fields others */
+  lua_setfield(L, -2, "failures");                    /* others e fields */
+  lua_pop(L, 1);                                      /* others e */
+  lua_remove(L, -2);                                  /* e */
+  mp_stack_check(L, top, 1);
 }
 
 /* --- results ------------------------------------------------------------- */
 
 /* A result the parent cannot read or decode (a function of a module only
 ** the worker has): the worker's own exit was clean, so the exception says
-** it was its result.  The message (why) is on top; it is replaced. */
+** it was its result.  The message (why) on top is replaced by it. */
 static void push_result_failure(lua_State *L, const mp_Context *ctx,
-                                int rank) {
-  push_fields(L, ctx, rank);
+                                int rank) {           /* why */
+  push_fields(L, ctx, rank);                          /* why fields */
   lua_pushfstring(L, "process %d (pid %d) exited cleanly, but its result "
                      "cannot be received: %s", rank,
                   (int)ctx->workers[rank].pid, lua_tostring(L, -2));
-  lua_setfield(L, -2, "msg");
-  mp_exception_new(L, MP_EXC_BASE, -1);
-  lua_replace(L, -3);
-  lua_pop(L, 1);
+  lua_setfield(L, -2, "msg");                         /* why fields */
+  mp_exception_new(L, MP_EXC_BASE, -1);               /* why fields e */
+  lua_replace(L, -3);                                 /* e fields */
+  lua_pop(L, 1);                                      /* e */
 }
 
-/* Reads every result into uv.results; on a bad report, pushes the
-** exception and returns 0 (the results decoded so far are closed when
-** collected, the others when the context finishes). */
+/* Reads every result into the field results of the table at 'uv' and
+** returns 1; on a result it cannot read or decode, pushes the exception
+** and returns 0 (the results decoded so far are closed when collected,
+** the others when the context finishes). */
 static int read_results(lua_State *L, mp_Context *ctx, int uv) {
   int i;
-  lua_createtable(L, ctx->nprocs, 1);
+  lua_createtable(L, ctx->nprocs, 1);                 /* results */
   lua_pushinteger(L, ctx->nprocs);
   lua_setfield(L, -2, "n");
   for (i = 0; i < ctx->nprocs; i++) {
     mp_Report rep;
-    int got = mp_reports_take(&ctx->reports, i, MP_REPORT_RESULT, &rep), status;
+    int status, got = mp_reports_take(&ctx->reports, i, MP_REPORT_RESULT,
+                                      &rep);
     if (got == 0) continue;
     if (got < 0) {
-      lua_pushfstring(L, "it could not be read (%s)", strerror(-got));
+      lua_pushfstring(L, "it could not be read (%s)",
+                      strerror(-got));                /* results why */
       status = LUA_ERRRUN;
     } else {
-      lua_pushcfunction(L, decode_report);
-      lua_pushlightuserdata(L, &rep);
-      status = lua_pcall(L, 1, 1, 0);
+      lua_pushcfunction(L, decode_report);            /* results f */
+      lua_pushlightuserdata(L, &rep);                 /* results f rep */
+      status = lua_pcall(L, 1, 1, 0);                 /* results v|why */
       mp_report_free(&rep);
     }
     if (status != LUA_OK) {
-      push_result_failure(L, ctx, i);
-      lua_remove(L, -2);
+      push_result_failure(L, ctx, i);                 /* results e */
+      lua_remove(L, -2);                              /* e */
       return 0;
     }
-    lua_rawseti(L, -2, i + 1);
+    lua_rawseti(L, -2, i + 1);                        /* results */
   }
-  lua_setfield(L, uv, "results");
+  lua_setfield(L, uv, "results");                     /* */
   return 1;
 }
 
 /* --- join ---------------------------------------------------------------- */
 
-/* Called once every worker is reaped: stores the outcome in the context's
-** uservalue and closes the reports.  An outcome is raised again by every
-** later join. */
-static void settle(lua_State *L, mp_Context *ctx, int ctxidx) {
-  lua_getiuservalue(L, ctxidx, 1);
-  lua_insert(L, -2);
-  lua_setfield(L, -2, "failure");
-  lua_pop(L, 1);
+/* Called once every worker is reaped: stores the outcome -- the failure
+** on top, or nil -- in the context's uservalue and closes the reports.
+** An outcome is raised again by every later join. */
+static void settle(lua_State *L, mp_Context *ctx, int ctxidx) { /* outcome */
+  lua_getiuservalue(L, ctxidx, 1);                    /* outcome uv */
+  lua_insert(L, -2);                                  /* uv outcome */
+  lua_setfield(L, -2, "failure");                     /* uv */
+  lua_pop(L, 1);                                      /* */
   mp_context_finish(L, ctx);
   mp_payload_release(L, ctxidx);
 }
 
-static int raise_failure(lua_State *L, int ctxidx) {
-  lua_getiuservalue(L, ctxidx, 1);
-  lua_getfield(L, -1, "failure");
-  return lua_error(L);
+/* Every worker reaped: the outcome is the results (uv.results), a result
+** that cannot be received, an interrupt, or the first failure. */
+static void finish_join(lua_State *L, mp_Context *ctx, int ctxidx) {
+  int top = mp_stack_top(L), failed = first_failure(ctx);
+  if (ctx->ending == MP_END_NONE && !ctx->interrupted) {
+    lua_getiuservalue(L, ctxidx, 1);                  /* uv */
+    if (read_results(L, ctx, lua_gettop(L)))          /* uv [e] */
+      lua_pushnil(L);                                 /* uv nil */
+    lua_remove(L, -2);                                /* e|nil */
+  } else if (ctx->interrupted || failed < 0) {  /* an ending has a cause */
+    lua_pushliteral(L, "interrupted! (SIGINT during join: every worker was "
+                       "terminated and reaped)");     /* msg */
+  } else {
+    push_failure(L, ctx, failed);                     /* e */
+  }
+  settle(L, ctx, ctxidx);                             /* */
+  mp_stack_check(L, top, 0);
 }
 
-/* Every worker is reaped: settles the context with its results, or its
-** failure, which is raised. */
-static int finish_join(lua_State *L, mp_Context *ctx, int ctxidx) {
-  int failed;
-  if (ctx->ending == MP_END_NONE && !ctx->interrupted) {
-    lua_getiuservalue(L, ctxidx, 1);
-    if (!read_results(L, ctx, lua_gettop(L))) {
-      lua_remove(L, -2);
-      settle(L, ctx, ctxidx);
-      return raise_failure(L, ctxidx);
-    }
-    lua_pop(L, 1);
-    lua_pushnil(L);
-    settle(L, ctx, ctxidx);
-    return 1;
-  }
-  failed = first_failure(ctx);
-  if (ctx->interrupted || failed < 0)  /* (an ending has a cause: one of them) */
-    lua_pushliteral(L, "interrupted! (SIGINT during join: every worker was "
-                       "terminated and reaped)");
-  else
-    push_failure(L, ctx, failed);
-  settle(L, ctx, ctxidx);
-  return raise_failure(L, ctxidx);
+/* The context has ended: raises its failure, if that was the outcome. */
+static void raise_failure(lua_State *L, int ctxidx) {
+  lua_getiuservalue(L, ctxidx, 1);                    /* uv */
+  if (lua_getfield(L, -1, "failure") != LUA_TNIL)     /* uv failure */
+    lua_error(L);
+  lua_pop(L, 2);                                      /* */
 }
 
 int mp_join(lua_State *L, int ctxidx, double timeout, double grace,
             int grace_given) {
   mp_Context *ctx = mp_checkcontext(L, ctxidx);
   double deadline = timeout < 0 ? INFINITY : mp_now() + timeout;
-  Interrupt in;
-  int done;
   ctxidx = lua_absindex(L, ctxidx);
-  if (ctx->closed) {
-    lua_getiuservalue(L, ctxidx, 1);
-    if (lua_getfield(L, -1, "failure") != LUA_TNIL) return lua_error(L);
-    lua_pop(L, 2);
-    return 1;
-  }
-  watch_interrupt(&in);
-  done = run_ending(ctx, deadline, grace, grace_given, &in);
-  unwatch_interrupt(&in);
-  if (!done) {
+  if (!ctx->closed) {
+    Interrupt in;
+    int done;
+    watch_interrupt(&in);
+    done = run_ending(ctx, deadline, grace, grace_given, &in);
+    unwatch_interrupt(&in);
+    if (done) finish_join(L, ctx, ctxidx);  /* closes the context */
     watch_sync(ctx);
-    return 0;
   }
-  return finish_join(L, ctx, ctxidx);
+  if (ctx->closed) raise_failure(L, ctxidx);
+  return ctx->closed;
 }
