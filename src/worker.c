@@ -20,7 +20,7 @@
 
 /* A report longer than this keeps its head and its tail (where the error
 ** message is) around a visible marker. */
-#define REPORT_MAX  (1024 * 1024)
+#define ERROR_TEXT_MAX  (1024 * 1024)
 
 /* The parent's death reaches a worker as this signal, whose handler takes
 ** the worker's whole process group down: the programs the worker started
@@ -197,8 +197,8 @@ static void cap_text(lua_State *L, int report) {
   const char *text;
   lua_getfield(L, report, "text");
   text = lua_tolstring(L, -1, &len);
-  if (text != NULL && len > REPORT_MAX) {
-    size_t keep = REPORT_MAX / 2;
+  if (text != NULL && len > ERROR_TEXT_MAX) {
+    size_t keep = ERROR_TEXT_MAX / 2;
     lua_pushlstring(L, text, keep);
     lua_pushfstring(L, "\n\n[... %I bytes of this error report omitted ...]\n\n",
                     (lua_Integer)(len - 2 * keep));
