@@ -126,7 +126,9 @@ static void (*const parts[])(lua_State *L) = {
   mp_open_exception,    /* exception.c  the exception types, isinstance */
   mp_open_context,      /* context.c    start_processes, spawn, contexts */
   mp_open_pool,         /* pool.c       cpu_count, TimeoutError, Pool's C */
-  mp_open_spawn,        /* start_spawn.c, executable.c, forkserver.c */
+  mp_open_spawn,        /* start_spawn.c  a spawned worker's entry */
+  mp_open_forkserver,   /* forkserver.c   the server's entry */
+  mp_open_executable,   /* executable.c   set_executable, get_executable */
   mp_open_shm,          /* shm.c        the sharing strategies */
   mp_open_array,        /* array.c      Array, Value */
   mp_open_channel,      /* channel.c    Queue, SimpleQueue, Pipe */

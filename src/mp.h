@@ -264,12 +264,18 @@ void mp_worker_run(lua_State *L, int fn, int args, int rank,
 const char *mp_signal_name(int signum);   /* NULL when unknown */
 int mp_signal_number(const char *name);   /* 0 when unknown */
 
-/* Registration of each part into the module table at the top of the stack. */
+/* Each part registers its functions and types into the module table at
+** the top of the stack; core.c's list calls them (the data-sharing parts'
+** are in sharing.h). */
 void mp_open_exception(lua_State *L);
 void mp_open_context(lua_State *L);
 void mp_open_codec(lua_State *L);
 void mp_open_signames(lua_State *L);
 void mp_open_pool(lua_State *L);
+void mp_open_executable(lua_State *L);
+void mp_open_forkserver(lua_State *L);
+void mp_open_spawn(lua_State *L);         /* start_spawn.c */
+void mp_open_stdio(lua_State *L);
 
 /* fdpass.c: descriptors over unix sockets.  At most MP_MAXFDS per message. */
 #define MP_MAXFDS 253
@@ -364,7 +370,6 @@ int  mp_executable_verified(lua_State *L, const char *exe);
 ** runs the protocol; EOF or a long silence: an errno with a message
 ** naming 'exe' pushed.  0 marks it verified. */
 int  mp_await_hello(lua_State *L, int fd, const char *exe);
-void mp_open_executable(lua_State *L);
 
 /* payload.c: what a fresh worker needs (fn, args, the environment), encoded
 ** once per context into a sealed memfd.  mp_payload_push pushes its holder
@@ -432,12 +437,5 @@ int  mp_wait_child(pid_t pid, int pidfd, siginfo_t *si, int options);
 /* How a child that waitid reported ended: its exit status, or minus the
 ** signal that killed it (as Process.exitcode counts). */
 int  mp_exit_code(const siginfo_t *si);
-
-/* forkserver.c */
-void mp_open_forkserver(lua_State *L);
-/* stdio.c: pipes, descriptors that cross to workers, the output relay */
-void mp_open_stdio(lua_State *L);
-/* start_spawn.c: set_executable, get_executable, the workers' entry points */
-void mp_open_spawn(lua_State *L);
 
 #endif

@@ -108,8 +108,6 @@ static int l_spawn_main(lua_State *L) {
 }
 
 void mp_open_spawn(lua_State *L) {
-  mp_open_executable(L);
-  mp_open_forkserver(L);
   lua_pushcfunction(L, l_spawn_main);
   lua_setfield(L, -2, "_spawn_main");
 }
