@@ -32,7 +32,9 @@
 **   start_fork.c   "fork"
 **   start_spawn.c  "spawn": a fresh interpreter per worker
 **   forkserver.c   "forkserver": a server process that forks fresh workers
-**   launch.c       clone+exec of a fresh worker or of the forkserver
+**   launch.c       what spawn and forkserver share: the worker's
+**                  descriptors, the start sequence, clone+exec, waiting
+**                  for a child
 **   executable.c   which program runs fresh workers (set_executable,
 **                  get_executable), the line of Lua it starts with, and
 **                  its hello
