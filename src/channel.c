@@ -451,6 +451,15 @@ static int wait_untimed(Waiter *x, mp_Wait *w) {
   return st;
 }
 
+/* Sleeps until ring r of c has one byte of room (W_SPACE) or of the rest
+** of a message (W_REST): within the wait's deadline when 'timed', else
+** without it. */
+static int wait_byte(Chan *c, int r, int what, int timed, mp_Wait *w) {
+  Waiter x;
+  waiter_init(&x, c, r, what, 1);
+  return timed ? wait_for(&x, w) : wait_untimed(&x, w);
+}
+
 /* --- ring copies --------------------------------------------------------- */
 
 /* A position in a ring's data: copies that follow each other go on from
@@ -528,16 +537,13 @@ static int write_chunks(Chan *c, int r, const void *src, size_t n,
   const char *p = (const char *)src;
   while (n > 0) {
     uint64_t room = chan_hdr(c)->cap - avail(c, r), t = g->tail;
-    size_t k;
+    size_t k = room < n ? (size_t)room : n;
     Cursor at;
-    if (room == 0) {
-      Waiter x;
-      int st;
-      waiter_init(&x, c, r, W_SPACE, 1);
-      if ((st = wait_for(&x, w)) != MP_OK) return st;
+    if (k == 0) {  /* full: wait for room, then look again */
+      int st = wait_byte(c, r, W_SPACE, 1, w);
+      if (st != MP_OK) return st;
       continue;
     }
-    k = room < n ? (size_t)room : n;
     at = cursor(c, r, t);
     put_at(&at, p, k);
     if (p) p += k;
@@ -709,15 +715,10 @@ static int read_rest(Chan *c, int r, size_t n, char *dst, mp_Wait *w) {
   Ring *g = chan_ring(c, r);
   while (n > 0) {
     uint64_t a = avail(c, r);
-    size_t k;
-    if (a == 0) {
-      Waiter x;
-      int st;
-      waiter_init(&x, c, r, W_REST, 1);
-      if ((st = wait_untimed(&x, w)) != MP_OK) return st;
-      continue;
-    }
-    k = a < n ? (size_t)a : n;
+    size_t k = a < n ? (size_t)a : n;
+    int st = k > 0 ? MP_OK : wait_byte(c, r, W_REST, 0, w);
+    if (st != MP_OK) return st;
+    if (k == 0) continue;  /* the rest came: look again */
     ring_get(c, r, dst, k);
     if (dst) dst += k;
     n -= k;
@@ -875,15 +876,31 @@ static int drop_k(lua_State *L) {
   return 0;
 }
 
+/* Pushes a new, empty Inbox. */
+static Inbox *push_inbox(lua_State *L) {
+  Inbox *in = (Inbox *)lua_newuserdatauv(L, sizeof(Inbox), 0);  /* in */
+  memset(in, 0, sizeof(Inbox) - INLINE_BUF);
+  luaL_setmetatable(L, INBOX_T);
+  return in;
+}
+
+/* The message in the Inbox on top will never be received: decodes it only
+** to close what it carries (drop_k).  A message that does not decode was
+** not ours to give back. */
+static void drop_inbox(lua_State *L, const Chan *c) { /* in */
+  lua_pushcfunction(L, drop_k);                       /* in drop */
+  lua_pushvalue(L, -2);                               /* in drop in */
+  lua_pushinteger(L, c->codec);                       /* in drop in codec */
+  if (lua_pcall(L, 2, 0, 0) != LUA_OK) lua_pop(L, 1); /* in */
+}
+
 /* A put that failed: its encoding took references for its receiver
 ** (file_system names, channels in flight); decoding it here and closing
 ** what comes out gives them back.  The descriptors are the objects' own:
 ** the decoder gets copies. */
 static void unsend(lua_State *L, const Chan *c, const mp_Encoded *enc) {
-  Inbox *in = (Inbox *)lua_newuserdatauv(L, sizeof(Inbox), 0);  /* ... in */
+  Inbox *in = push_inbox(L);                          /* ... in */
   size_t i;
-  memset(in, 0, sizeof(Inbox) - INLINE_BUF);
-  luaL_setmetatable(L, INBOX_T);
   in->buf = (char *)(uintptr_t)enc->data;   /* not owned: not freed */
   in->len = enc->size;
   if (enc->nfds && (in->fds = (int *)malloc(enc->nfds * sizeof(int)))) {
@@ -891,12 +908,7 @@ static void unsend(lua_State *L, const Chan *c, const mp_Encoded *enc) {
       in->fds[in->nfds] = fcntl(enc->fds[in->nfds], F_DUPFD_CLOEXEC, 3);
   }
   for (i = 0; i < in->nfds && in->fds[i] >= 0; i++) {}
-  if (i == enc->nfds) {
-    lua_pushcfunction(L, drop_k);
-    lua_pushvalue(L, -2);
-    lua_pushinteger(L, c->codec);                 /* ... in drop in codec */
-    if (lua_pcall(L, 2, 0, 0) != LUA_OK) lua_pop(L, 1);
-  }
+  if (i == enc->nfds) drop_inbox(L, c);
   inbox_clear(in);
   lua_pop(L, 1);
 }
@@ -916,21 +928,11 @@ static void chan_drain(lua_State *L, Chan *c, int only) {
     if (e == EOWNERDEAD) pthread_mutex_consistent(&g->rlock);
     else if (e != 0) continue;
     while (count_of(c, r) > 0) {
-      Inbox *in;
+      Inbox *in = push_inbox(L);                      /* ... in */
       mp_Wait w;
-      int st;
-      in = (Inbox *)lua_newuserdatauv(L, sizeof(Inbox), 0);  /* ... inbox */
-      memset(in, 0, sizeof(Inbox) - INLINE_BUF);
-      luaL_setmetatable(L, INBOX_T);
       mp_wait_init(&w, L, 0);
-      st = read_locked(c, r, in, &w);
-      if (st != MP_OK) break;
-      if (!(in->flags & (F_RAW | F_STR))) {
-        lua_pushcfunction(L, drop_k);
-        lua_pushvalue(L, -2);
-        lua_pushinteger(L, c->codec);             /* ... in drop in codec */
-        if (lua_pcall(L, 2, 0, 0) != LUA_OK) lua_pop(L, 1);
-      }
+      if (read_locked(c, r, in, &w) != MP_OK) break;
+      if (!(in->flags & (F_RAW | F_STR))) drop_inbox(L, c);
       inbox_clear(in);
       lua_pop(L, 1);
     }
@@ -1016,9 +1018,7 @@ static int get_impl(lua_State *L, Chan *c, double timeout, const char *op,
   if (c->rring < 0)
     return luaL_error(L, "%s.%s: this end of the pipe is write-only",
                       chan_what(c), op);
-  in = (Inbox *)lua_newuserdatauv(L, sizeof(Inbox), 0);
-  memset(in, 0, sizeof(Inbox) - INLINE_BUF);
-  luaL_setmetatable(L, INBOX_T);
+  in = push_inbox(L);
   mp_wait_init(&w, L, timeout);
   st = chan_read(c, in, &w);
   if (st != MP_OK) {
@@ -1354,36 +1354,34 @@ static int dupfd(lua_State *L, int fd) {
   return d;
 }
 
+/* Ring 'ring' of a pipe carries from end 'wr' to end 'rd': a socket pair
+** for its descriptors, an eventfd (and its copy) for fileno(). */
+static void connect_ring(lua_State *L, int ring, Chan *wr, Chan *rd) {
+  int sv[2];
+  make_socks(L, sv);
+  wr->wring = rd->rring = ring;
+  wr->wsock = sv[0];
+  rd->rsock = sv[1];
+  rd->revfd = make_eventfd(L);
+  wr->wevfd = dupfd(L, rd->revfd);
+}
+
 /* mp.Pipe([duplex = true [, {capacity = bytes}]]) -> conn1, conn2
 ** duplex: both send and receive; otherwise conn1 receives, conn2 sends. */
 static int new_pipe(lua_State *L) {
   int duplex = lua_isnoneornil(L, 1) ? 1 : lua_toboolean(L, 1);
   uint64_t cap = opt_capacity(L, 2);
-  int nr = duplex ? 2 : 1, s0[2], s1[2] = {-1, -1};
+  int nr = duplex ? 2 : 1;
   Chan *a, *b;
   a = newchan(L, K_CONN, 0);
   init_header(L, a, cap, nr, 0);
   b = newchan(L, K_CONN, 0);
   if (mp_seg_from_fd(L, &b->seg, dupfd(L, a->seg.fd), a->seg.size, 1) != 0)
     lua_error(L);
-  make_socks(L, s0);
   a->end = 0;
   b->end = 1;
-  a->rring = 0;
-  a->rsock = s0[1];
-  a->revfd = make_eventfd(L);
-  b->wring = 0;
-  b->wsock = s0[0];
-  b->wevfd = dupfd(L, a->revfd);
-  if (duplex) {
-    make_socks(L, s1);
-    b->rring = 1;
-    b->rsock = s1[1];
-    b->revfd = make_eventfd(L);
-    a->wring = 1;
-    a->wsock = s1[0];
-    a->wevfd = dupfd(L, b->revfd);
-  }
+  connect_ring(L, 0, b, a);
+  if (duplex) connect_ring(L, 1, a, b);
   chan_attach(L, a);
   chan_attach(L, b);
   return 2;
