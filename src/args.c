@@ -23,14 +23,13 @@
 ** keeps deadline arithmetic finite. */
 #define MAX_TIMEOUT 1e9
 
-/* The public name of the running method, or NULL for a plain function. */
-static const char *method_name(lua_State *L) {
+const char *mp_method_name(lua_State *L) {
   return lua_type(L, lua_upvalueindex(1)) == LUA_TSTRING
              ? lua_tostring(L, lua_upvalueindex(1)) : NULL;
 }
 
 int mp_argerror(lua_State *L, int arg, const char *extramsg) {
-  const char *name = method_name(L);
+  const char *name = mp_method_name(L);
   if (name == NULL) return luaL_argerror(L, arg, extramsg);
   if (arg == 1)
     return luaL_error(L, "calling '%s' on bad self (%s)", name, extramsg);

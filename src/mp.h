@@ -293,6 +293,9 @@ ssize_t mp_recvfds(int sock, void *buf, size_t len,
 /* args.c: argument checks.  In a method made by mp_new_class they name it
 ** as the user knows it ("Queue.put") and do not count self; elsewhere they
 ** are lauxlib's.  Each raises; the checks return the value. */
+/* The public name of the running method ("Queue.put"), or NULL in a plain
+** function. */
+const char *mp_method_name(lua_State *L);
 int         mp_argerror(lua_State *L, int arg, const char *extramsg);
 int         mp_typeerror(lua_State *L, int arg, const char *tname);
 void        mp_checktype(lua_State *L, int arg, int t);

@@ -450,8 +450,8 @@ static int sync_tostring(lua_State *L) {
 }
 
 /* "Type.method" of the running method, for messages. */
-static const char *method_name(lua_State *L) {
-  const char *name = lua_tostring(L, lua_upvalueindex(1));
+static const char *sync_method(lua_State *L) {
+  const char *name = mp_method_name(L);
   return name ? name : "?";
 }
 
@@ -501,7 +501,7 @@ static int sync_acquire(lua_State *L, Sync *s, double t) {
       mp_Waitable on = {&h->seq, &h->waiters, never, NULL, NULL};
       if (t < 0)
         luaL_error(L, "%s: already held by this process (use an RLock to "
-                   "acquire it again)", method_name(L));
+                   "acquire it again)", sync_method(L));
       st = mp_wait_for(&w, &on);
     }
     if (st == MP_OK || st == MP_OWNERDEAD) {
@@ -513,7 +513,7 @@ static int sync_acquire(lua_State *L, Sync *s, double t) {
     }
   }
   if (st != MP_OK && st != MP_OWNERDEAD && st != MP_TIMEOUT)
-    mp_status_error(L, method_name(L), st);
+    mp_status_error(L, sync_method(L), st);
   return st;
 }
 
@@ -562,7 +562,7 @@ static int lock_release(lua_State *L) {
     n = mp_optinteger(L, 2, 1);
     if (n < 1 || n > INT_MAX) mp_argerror(L, 2, "must be a positive count");
   }
-  sync_release(L, s, n, method_name(L));
+  sync_release(L, s, n, sync_method(L));
   return 0;
 }
 
@@ -712,7 +712,7 @@ static Sync *held_cond(lua_State *L) {
   Sync *s = tosync(L, 1, K_COND);
   if (s->holder != getpid() || s->depth < 1)
     luaL_error(L, "%s: the lock is not held by this process",
-               method_name(L));
+               sync_method(L));
   return s;
 }
 
@@ -763,7 +763,7 @@ static int cond_wait_for(lua_State *L, Sync *s, double t) {
     if (slot[i].state == SLOT_FREE) mine = &slot[i];
   if (mine == NULL)
     return luaL_error(L, "%s: more than %d processes waiting",
-                      method_name(L), COND_NSLOTS);
+                      sync_method(L), COND_NSLOTS);
   if ((uint32_t)(mine - slot) >= h->hi) h->hi = (uint32_t)(mine - slot) + 1;
   mine->ticket = h->arrivals++;
   mine->pid = (int32_t)getpid();
@@ -782,7 +782,7 @@ static int cond_wait_for(lua_State *L, Sync *s, double t) {
   __atomic_store_n(&mine->state, SLOT_FREE, __ATOMIC_RELEASE);
   if (st == MP_INTERRUPT) {
     if (notified) cond_notify_slots(h, 1);   /* not ours to use: pass it on */
-    mp_status_error(L, method_name(L), st);
+    mp_status_error(L, sync_method(L), st);
   }
   return notified;
 }
@@ -952,7 +952,7 @@ static int barrier_change(lua_State *L, int reset) {
   int st;
   mp_wait_init(&w, L, -1);
   if ((st = bar_lock(h, &w)) != MP_OK)
-    return mp_status_error(L, method_name(L), st);
+    return mp_status_error(L, sync_method(L), st);
   if (!reset) bar_break(h);
   else if (h->state == B_BROKEN) bar_set(h, B_FILLING);
   /* parties waiting (or killed while waiting): they leave broken */
