@@ -203,6 +203,27 @@ local POOL_OPTIONS = { start_method = true, initializer = true,
 --   list, n, star, chunksize, next (first undispatched), left (unsettled)
 --   results, errors, first_error, tries, outcomes, ...
 
+-- A first-in first-out list with explicit ends: items leave from the head,
+-- so '#' and ipairs, which need a sequence without holes, cannot count it.
+local function fifo() return { head = 1, tail = 0 } end
+
+local function push(f, v)
+  local t = f.tail + 1
+  f.tail, f[t] = t, v
+end
+
+local function peek(f) return f[f.head] end
+
+local function pop(f)
+  local h = f.head
+  local v = f[h]
+  if h < f.tail then f[h], f.head = nil, h + 1
+  elseif h == f.tail then f[h], f.head, f.tail = nil, 1, 0 end  -- empty
+  return v
+end
+
+local function is_empty(f) return f.head > f.tail end
+
 local function new_worker(pool, slot)
   local mp = require "multiprocessing"
   local q = mp.Queue()
@@ -254,7 +275,7 @@ function M.new(processes, opts)
     maxtasks = opts.maxtasksperchild, timeout = opts.timeout,
     retries = retries, progress = opts.progress and core._isatty(2),
     state = "run", workers = {}, msgs = {}, nextmid = 1,
-    queue = {}, qhead = 1, redo = {}, redohead = 1, fids = setmetatable(
+    queue = fifo(), redo = fifo(), fids = setmetatable(
       {}, { __mode = "k" }), nextfid = 1, active = 0, next_check = 0, nmsg = 0,
   }, Pool)
   self.results = mp.Queue(0, { capacity = RESULTS_CAP })
@@ -307,7 +328,7 @@ end
 local function enqueue(self, job)
   if not job.queued then
     job.queued = true
-    self.queue[#self.queue + 1] = job
+    push(self.queue, job)
   end
 end
 
@@ -375,15 +396,13 @@ end
 -- Gives worker 'w' one message: a requeued item first, else the next run
 -- of the first queued job that has one for it.
 local function feed(self, w)
-  local redo, queue = self.redo, self.queue
-  local r = redo[self.redohead]
+  local queue = self.queue
+  local r = pop(self.redo)
   if r then
-    redo[self.redohead] = nil
-    self.redohead = self.redohead + 1
     if not r.job.abandoned then send(self, w, r.job, r.pos, 1) end
     return
   end
-  for qi = self.qhead, #queue do
+  for qi = queue.head, queue.tail do
     local job = queue[qi]
     local first, n = next_run(self, job, w)
     if first then
@@ -392,16 +411,16 @@ local function feed(self, w)
     end
   end
   -- jobs fully dispatched leave the queue from its head
-  local job = queue[self.qhead]
+  local job = peek(queue)
   while job and (job.next > job.n or job.abandoned) do
-    job.queued, queue[self.qhead] = false, nil
-    self.qhead = self.qhead + 1
-    job = queue[self.qhead]
+    job.queued = false
+    pop(queue)
+    job = peek(queue)
   end
 end
 
 local function idle(self)
-  return self.redohead > #self.redo and self.qhead > #self.queue
+  return is_empty(self.redo) and is_empty(self.queue)
 end
 
 -- Gives work to the workers with room: a message to each idle worker
@@ -411,10 +430,7 @@ function Pool:_dispatch()
   for inflight = 1, INFLIGHT do
     for _, w in ipairs(self.workers) do
       if can_take(self, w, inflight) then feed(self, w) end
-      if idle(self) then
-        self.redo, self.redohead, self.queue, self.qhead = {}, 1, {}, 1
-        return
-      end
+      if idle(self) then return end
     end
   end
 end
@@ -488,7 +504,7 @@ function Pool:_unsent(w, job, first, n, err)
   local dead = not w.proc:is_alive()
   for pos = first, first + n - 1 do
     if dead then
-      self.redo[#self.redo + 1] = { job = job, pos = pos }
+      push(self.redo, { job = job, pos = pos })
     else
       settle(self, job, pos, false, mk_exception("base", {
         msg = ("%s could not be sent to pool process %d: %s")
@@ -575,7 +591,7 @@ function Pool:_killed(job, pos, w, code, timeout)
   local tries = job.tries[pos] or 0
   if tries < self.retries then
     job.tries[pos] = tries + 1
-    self.redo[#self.redo + 1] = { job = job, pos = pos }
+    push(self.redo, { job = job, pos = pos })
     return
   end
   local e
@@ -626,7 +642,7 @@ function Pool:_lost(w)
   local mids = {}
   for mid in pairs(w.inflight) do mids[#mids + 1] = mid end
   table.sort(mids)
-  local redo = {}
+  local redo = fifo()
   self.nmsg = self.nmsg - #mids
   for _, mid in ipairs(mids) do
     local r = self.msgs[mid]
@@ -636,13 +652,13 @@ function Pool:_lost(w)
       if r == rec and i == k then
         self:_killed(r.job, pos, w, code, w.killing and w.killing.timeout)
       elseif not r.job.abandoned then
-        redo[#redo + 1] = { job = r.job, pos = pos }
+        push(redo, { job = r.job, pos = pos })
       end
     end
   end
   -- requeued items go first, in order
-  for i = self.redohead, #self.redo do redo[#redo + 1] = self.redo[i] end
-  self.redo, self.redohead = redo, 1
+  for i = self.redo.head, self.redo.tail do push(redo, self.redo[i]) end
+  self.redo = redo
   local started = self.cur:get(w.slot) ~= 0
   retire(w, 0)
   w.inflight = {}
@@ -1051,17 +1067,16 @@ local function fail_pending(self)
       if rec.job.left > 0 then settle(self, rec.job, rec.first + i - 1, false, e) end
     end
   end
-  for _, job in ipairs(self.queue) do
+  for job in pop, self.queue do
+    job.queued = false
     for pos = job.next, job.n do
       if job.left > 0 then settle(self, job, pos, false, e) end
     end
     job.next = job.n + 1
   end
-  for i = self.redohead, #self.redo do
-    local r = self.redo[i]
+  for r in pop, self.redo do
     if r.job.left > 0 then settle(self, r.job, r.pos, false, e) end
   end
-  self.redo, self.redohead, self.queue, self.qhead = {}, 1, {}, 1
 end
 
 --- terminate(): stop now; pending results raise from get().
