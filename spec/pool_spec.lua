@@ -327,6 +327,34 @@ for _, method in ipairs(H.methods) do
       assert.are.equal(3, e.exit_code)
     end)
 
+    it("workers SIGKILLed one after another: every retried task runs again, none is lost", function()
+      -- Every 5th item kills its worker the first time it runs: items of
+      -- dead workers are requeued while earlier requeued ones are being
+      -- handed out again (the lists the pool pops from their head).
+      local dir = os.tmpname()
+      os.remove(dir)
+      assert(os.execute("mkdir " .. dir))
+      local pool = mp.Pool(2, { start_method = method, retries = 1 })
+      local n = 60
+      local list = {}
+      for i = 1, n do list[i] = i end
+      local ar = pool:map_async(function(x)
+        local mark = dir .. "/" .. x
+        if x % 5 == 0 and not exists(mark) then
+          touch(mark)
+          os.execute("kill -9 " .. tostring(mypid()))
+          os.execute("sleep 5")
+        end
+        return x * 2
+      end, list, 1)
+      local r, why = ar:get(120)   -- the hang guard: a lost task never settles
+      if r == nil then pool:terminate() else pool:close() pool:join() end
+      os.execute("rm -rf " .. dir)
+      assert.is_not_nil(r, why)
+      assert.are.equal(n, r.n)
+      for i = 1, n do assert.are.equal(i * 2, r[i]) end
+    end)
+
     it("maxtasksperchild replaces workers; initializer and initargs", function()
       local prefix = "init:"
       local pool <close> = mp.Pool(1, {
@@ -511,6 +539,77 @@ for _, method in ipairs(H.methods) do
       assert.is_true(H.eventually(function()
         return not H.alive(pids[2]) and not H.alive(pids[3])
       end, 10))
+    end)
+  end)
+end
+
+-- A storm of SIGKILLs, run in a child interpreter under timeout(1): the
+-- hang guard.  Items kill their own worker the first time they run (a
+-- marker file each), in map, imap, imap_unordered and apply_async + get,
+-- with maxtasksperchild churning workers meanwhile.
+local STORM = [[
+local mp = require "multiprocessing"
+local dir = arg[1]
+local function mypid() return io.open("/proc/self/stat"):read("a"):match("^%%d+") end
+local function task(x)
+  local mark = dir .. "/" .. x
+  if x %% 37 == 0 then
+    local f = io.open(mark)
+    if f then f:close() else
+      io.open(mark, "w"):close()
+      os.execute("kill -9 " .. mypid())
+    end
+  end
+  return x * 2
+end
+local pool <close> = mp.Pool(4, { start_method = %q, retries = 1, maxtasksperchild = 50 })
+local n = 2000
+local list = {}
+for i = 1, n do list[i] = i end
+local r = pool:map(task, list, 3)
+local bad = 0
+for i = 1, n do if r[i] ~= i * 2 then bad = bad + 1 end end
+print("map", r.n, bad)
+list = {}
+for i = 1, n do list[i] = n + i end
+local seen, count = {}, 0
+for i, v in pool:imap(task, list) do
+  if v == (n + i) * 2 then count = count + 1 end
+end
+print("imap", count)
+list = {}
+for i = 1, n do list[i] = 2 * n + i end
+count = 0
+for i, v in pool:imap_unordered(task, list, 5) do
+  if not seen[i] and v == (2 * n + i) * 2 then seen[i], count = true, count + 1 end
+end
+print("unordered", count)
+local ars = {}
+for i = 1, 400 do ars[i] = pool:apply_async(task, { 3 * n + i }) end
+count = 0
+for i = 1, 400 do if ars[i]:get() == (3 * n + i) * 2 then count = count + 1 end end
+print("apply", count)
+]]
+
+for _, method in ipairs(H.methods) do
+  describe("mp.Pool in a storm of SIGKILLs, start method " .. method .. ":", function()
+    H.leak_check(before_each, after_each)
+
+    it("map, imap, imap_unordered and apply_async finish with every result", function()
+      local dir = os.tmpname()
+      os.remove(dir)
+      assert(os.execute("mkdir " .. dir))
+      local script = H.script(STORM:format(method))
+      local run = io.popen(("timeout -s KILL 240 lua5.4 %s %s 2>&1; echo rc=$?"):format(script, dir))
+      local out = run:read("a")
+      run:close()
+      os.remove(script)
+      os.execute("rm -rf " .. dir)
+      assert.truthy(out:find("map\t2000\t0\n", 1, true), out)
+      assert.truthy(out:find("imap\t2000\n", 1, true), out)
+      assert.truthy(out:find("unordered\t2000\n", 1, true), out)
+      assert.truthy(out:find("apply\t400\n", 1, true), out)
+      assert.truthy(out:find("rc=0\n", 1, true), out)
     end)
   end)
 end
