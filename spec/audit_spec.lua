@@ -294,12 +294,33 @@ for _, method in ipairs(H.methods) do
       assert.is_false(ctx.processes[2]:is_alive())
     end)
 
-    -- Defect (src/join.c, terminate_watched; owner: embed): SIGTERM to a
-    -- stopped worker stays pending, so close() and a failing join wait the
-    -- whole grace period (30 s by default) and then SIGKILL it.  Sending
-    -- SIGCONT after SIGTERM (as the signal goes to the group, to the group)
-    -- lets it die of the SIGTERM at once: exitcode -15, not -9.
-    pending("a SIGSTOPped worker dies of close()'s SIGTERM (exitcode -15), not of SIGKILL after the grace")
+    --- Stops the worker of rank 'rank' and waits (hang guard) until it is.
+    local function stop(ctx, rank)
+      local pid = ctx:pids()[rank]
+      kill(pid, "STOP")
+      assert(H.eventually(function() return H.state(pid) == "T" end, 30))
+    end
+
+    -- SIGTERM to a stopped process stays pending: every ending sends SIGCONT
+    -- after it, so the worker dies of the SIGTERM (-15), never of the
+    -- SIGKILL that a grace longer than any hang guard would bring (-9).
+    it("a SIGSTOPped worker dies of close()'s SIGTERM (exitcode -15), not of SIGKILL after the grace", function()
+      local ctx = start(function() os.execute("sleep 60") end, {}, 2, false)
+      stop(ctx, 1)
+      ctx:close(600)
+      assert.are.equal(-15, ctx.processes[1].exitcode)
+      assert.are.equal(-15, ctx.processes[2].exitcode)
+    end)
+
+    it("a SIGSTOPped worker dies of the SIGTERM when another fails and join ends the group", function()
+      local ctx = start(function() os.execute("sleep 60") end, {}, 2, false)
+      stop(ctx, 1)
+      ctx.processes[2]:kill()                   -- rank 1 fails
+      local ok = pcall(ctx.join, ctx, 600, 600)
+      assert.is_false(ok)
+      assert.are.equal(-15, ctx.processes[1].exitcode)
+      ctx:close()
+    end)
   end)
 
   describe("audit: use after close, " .. method .. ":", function()

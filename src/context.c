@@ -405,7 +405,7 @@ static int process_is_alive(lua_State *L) {
 
 static int process_signal(lua_State *L, int sig) {
   mp_Worker *w = check_process(L, 1);
-  if (w->pid > 0 && !mp_reap(w) && pidfd_send_signal(w->pidfd, sig, NULL, 0) != 0)
+  if (w->pid > 0 && !mp_reap(w) && mp_signal_worker(w, sig) != 0)
     return luaL_error(L, "cannot signal process %d: %s", (int)w->pid,
                       strerror(errno));
   return 0;

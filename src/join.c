@@ -137,15 +137,26 @@ void mp_discard(mp_Worker *w) {
   w->state = MP_EXITED;
 }
 
-static void signal_worker(mp_Worker *w, int sig) {
-  if (w->state != MP_RUNNING) return;
+static int send_worker(const mp_Worker *w, int sig) {
+  int r;
   /* By pid only when there is no pidfd: after ESRCH the pid may be
   ** somebody else's already. */
   if (w->pidfd < 0)
-    kill(w->pid, sig);
+    r = kill(w->pid, sig);
   else
-    pidfd_send_signal(w->pidfd, sig, NULL, 0);
-  killpg(w->pid, sig);
+    r = pidfd_send_signal(w->pidfd, sig, NULL, 0);
+  killpg(w->pid, sig);  /* its group id is ours until we reap it */
+  return r;
+}
+
+int mp_signal_worker(mp_Worker *w, int sig) {
+  int r;
+  if (w->state != MP_RUNNING) return 0;
+  r = send_worker(w, sig);
+  /* A SIGTERM to a stopped process stays pending until it runs again: so
+  ** SIGCONT follows, as in tini and systemd. */
+  if (sig == SIGTERM) send_worker(w, SIGCONT);
+  return r;
 }
 
 /* --- waiting ------------------------------------------------------------- */
@@ -265,7 +276,7 @@ static int running(const mp_Context *ctx) {
 static void kill_all(mp_Context *ctx) {
   int i;
   for (i = 0; i < ctx->started; i++)
-    signal_worker(&ctx->workers[i], SIGKILL);
+    mp_signal_worker(&ctx->workers[i], SIGKILL);
   ctx->ending = MP_END_KILL;
   ctx->next_at = INFINITY;
 }
@@ -281,7 +292,7 @@ static void begin_term(mp_Context *ctx, double grace) {
     mp_Worker *w = &ctx->workers[i];
     if (mp_reap(w)) continue;
     w->terminated = 1;
-    if (grace > 0) signal_worker(w, SIGTERM);
+    if (grace > 0) mp_signal_worker(w, SIGTERM);
   }
   ctx->ending = MP_END_TERM;
   ctx->grace = grace;

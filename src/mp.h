@@ -224,6 +224,9 @@ void mp_watch_close(mp_Context *ctx);
 int  mp_reap(mp_Worker *w);
 /* Kills and reaps, by pid, a worker whose pidfd could not be had. */
 void mp_discard(mp_Worker *w);
+/* 'sig' to a running worker and its process group, SIGCONT after a SIGTERM
+** (a stopped worker ends at once); 0, or -1 and errno. */
+int  mp_signal_worker(mp_Worker *w, int sig);
 
 /* context.c */
 mp_Context *mp_checkcontext(lua_State *L, int idx);

@@ -201,10 +201,8 @@ static int l_ctx_signal(lua_State *L) {
   int sig = signal_arg(L, 2), i;
   if (getpid() != ctx->owner || ctx->closed) return 0;
   for (i = 0; i < ctx->started; i++) {
-    const mp_Worker *w = &ctx->workers[i];
-    if (w->state != MP_RUNNING || w->pidfd < 0) continue;
-    pidfd_send_signal(w->pidfd, sig, NULL, 0);
-    killpg(w->pid, sig);  /* its group id is ours until we reap it */
+    mp_Worker *w = &ctx->workers[i];
+    if (w->pidfd >= 0) mp_signal_worker(w, sig);
   }
   return 0;
 }
