@@ -655,5 +655,19 @@ describe("audit: mprun", function()
   -- sits in poll() with no child left (seen 10 minutes; SIGTERM ends it
   -- with status 1).  Expected: the started ranks torn down and reaped, exit
   -- status 1 at once.
-  pending("a start failure under a low RLIMIT_NOFILE ends mprun instead of hanging in poll()")
+  H.leak_check(before_each, after_each)
+
+  -- A rank that teardown found dead had no pidfd left to wake the poll.
+  for _, method in ipairs(H.methods) do
+    for _, mode in ipairs { "", "--restart rank --max-restarts 2 " } do
+      it(("a start failure under a low RLIMIT_NOFILE ends mprun %s(%s), status 1"):format(mode, method), function()
+        for _, limit in ipairs { 40, 50 } do
+          local out = H.sh(("ulimit -n %d; timeout -s KILL 120 scripts/mprun %s--start-method %s -n 64 -e 'x = 1' 2>&1; echo status $?")
+            :format(limit, mode, method))
+          assert.truthy(out:find("cannot start rank %d+: .*Too many open files"), out)
+          assert.truthy(out:find("status 1\n$"), out)
+        end
+      end)
+    end
+  end
 end)

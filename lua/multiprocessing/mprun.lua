@@ -647,7 +647,9 @@ function M.run(o)
   while true do
     if self:running() == 0 and (self.start_error or self:attempt_over()) then break end
     local now = core._now()
-    local exited, sig = self.relay:wait(self:next_wake(now), self.contexts, self.sigfd)
+    -- a rank found dead already (teardown reaped it) has no pidfd to wake us
+    local wake = #self.dead > 0 and 0 or self:next_wake(now)
+    local exited, sig = self.relay:wait(wake, self.contexts, self.sigfd)
     for _, i in ipairs(exited) do self.dead[#self.dead + 1] = self.ranks[i] end
     while #self.dead > 0 do
       local rank = table.remove(self.dead, 1)
