@@ -237,6 +237,46 @@ describe("mprun", function()
       assert.matches("exit code  : 3", err, 1, true)
     end)
 
+    it("never follows a link planted in a shared log dir (the victim stays)", function()
+      local victim = dir .. "/victim"
+      H.write(victim, "original\n")
+      os.execute(("mkdir -p %s/logs/job42/attempt_0/0 && ln -s %s %s/logs/job42/attempt_0/0/stdout.log")
+                 :format(q(dir), q(victim), q(dir)))
+      local out, err, code = mprun(("-n 1 --log-dir %s/logs --run-id job42 -e %s")
+                                   :format(q(dir), q[[print("overwritten")]]))
+      assert.are.equal("original\n", H.read(victim))
+      assert.are.equal(2, code)
+      assert.are.equal("", out)
+      assert.matches("mprun: --log-dir: " .. dir .. "/logs/job42/attempt_0 exists already", err, 1, true)
+    end)
+
+    it("refuses a run dir that is a link, or that others can write to", function()
+      local elsewhere = dir .. "/elsewhere"
+      os.execute(("mkdir -p %s %s/logs && ln -s %s %s/logs/L1 && mkdir -m 777 %s/logs/L2")
+                 :format(q(elsewhere), q(dir), q(elsewhere), q(dir), q(dir)))
+      for _, id in ipairs { "L1", "L2" } do
+        local out, err, code = mprun(("-n 1 --log-dir %s/logs --run-id %s -e %s")
+                                     :format(q(dir), id, q[[print("x")]]))
+        assert.are.equal(2, code)
+        assert.are.equal("", out)
+        assert.matches("mprun: --log-dir: refusing " .. dir .. "/logs/" .. id, err, 1, true)
+      end
+      assert.are.equal("", H.sh("ls -A " .. q(elsewhere)))
+      assert.are.equal("", H.sh("ls -A " .. q(dir .. "/logs/L2")))
+    end)
+
+    for _, id in ipairs { "../x", "..", ".hidden", "a/b", "", "-x", "/tmp/abs" } do
+      it("refuses --run-id '" .. id .. "' (one safe path component only)", function()
+        local out, err, code = mprun(("-n 1 --log-dir %s/logs --run-id %s -e %s")
+                                     :format(q(dir), q(id), q[[print("x")]]))
+        assert.are.equal(2, code)
+        assert.are.equal("", out)
+        assert.matches("--run-id must be one path component", err, 1, true)
+        assert.is_nil(H.read(dir .. "/x"))
+        assert.are.equal("", H.sh("ls -A " .. q(dir .. "/logs") .. " 2>/dev/null"))
+      end)
+    end
+
     it("restarts only the failed rank with --restart rank", function()
       local _, err, code = mprun(("-n 3 --restart rank --max-restarts 2 --log-dir %s "
         .. "--run-id P -e %s"):format(q(dir), q[[

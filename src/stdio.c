@@ -160,6 +160,77 @@ static int l_makedirs(lua_State *L) {
   return 1;
 }
 
+/* --- log directories that cannot be turned against their owner ----------
+** Everything under the log dir is made from a descriptor of its parent
+** (openat, mkdirat), never by path: a symlink planted by whoever else can
+** write to a shared log dir is refused (O_NOFOLLOW), never followed, and
+** files are created fresh (O_EXCL), never truncated. */
+
+/* nil, why, reason: the caller names the path. */
+static int fail_at(lua_State *L, int err) {
+  lua_pushnil(L);
+  if (err == EPERM)
+    lua_pushliteral(L, "not a directory of this user's that only it can write");
+  else
+    lua_pushstring(L, strerror(err));
+  lua_pushstring(L, err == EEXIST ? "exists" : err == EPERM ? "foreign" : "error");
+  return 3;
+}
+
+/* A single path component: not empty, no '/', not "." or "..". */
+static const char *check_component(lua_State *L, int arg) {
+  const char *name = mp_checklstring(L, arg, NULL);
+  luaL_argcheck(L, name[0] != '\0' && strchr(name, '/') == NULL &&
+                   strcmp(name, ".") != 0 && strcmp(name, ".."), arg,
+                "a single path component expected");
+  return name;
+}
+
+/* _opendir(path) -> Fd of the directory 'path' (the user's own log dir,
+** links followed as the user wrote them), or nil, why, reason. */
+static int l_opendir(lua_State *L) {
+  const char *path = mp_checklstring(L, 1, NULL);
+  int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return fail_at(L, errno);
+  push_fd(L, fd);
+  return 1;
+}
+
+/* _subdir(dir, name, fresh) -> Fd of dir/name, or nil, message, reason
+** ("exists", "foreign" or "error").  Made with mode 0755 when missing; an
+** existing one is taken only when 'fresh' is false, it is a directory and
+** not a link, owned by this user and writable by nobody else. */
+static int l_subdir(lua_State *L) {
+  int dir = check_fd(L, 1)->fd, fd;
+  const char *name = check_component(L, 2);
+  int fresh = lua_toboolean(L, 3);
+  struct stat st;
+  if (mkdirat(dir, name, 0755) != 0 && (errno != EEXIST || fresh))
+    return fail_at(L, errno);
+  fd = openat(dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return fail_at(L, errno);
+  if (fstat(fd, &st) != 0 || st.st_uid != geteuid() ||
+      (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    close(fd);
+    return fail_at(L, EPERM);
+  }
+  push_fd(L, fd);
+  return 1;
+}
+
+/* _create(dir, name [, mode]) -> Fd (write only) of the new file dir/name,
+** or nil, message, reason: never an existing file, never through a link. */
+static int l_create(lua_State *L) {
+  int dir = check_fd(L, 1)->fd;
+  const char *name = check_component(L, 2);
+  mode_t mode = (mode_t)luaL_optinteger(L, 3, 0644);
+  int fd = openat(dir, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW |
+                  O_CLOEXEC, mode);
+  if (fd < 0) return fail_at(L, errno);
+  push_fd(L, fd);
+  return 1;
+}
+
 static int signal_arg(lua_State *L, int arg) {
   const char *name = mp_checklstring(L, arg, NULL);
   int sig = mp_signal_number(name);
@@ -704,6 +775,7 @@ void mp_open_stdio(lua_State *L) {
   };
   static const luaL_Reg funcs[] = {
     {"_pipe", l_pipe}, {"_open", l_open}, {"_makedirs", l_makedirs},
+    {"_opendir", l_opendir}, {"_subdir", l_subdir}, {"_create", l_create},
     {"_signalfd", l_signalfd}, {"_ctx_signal", l_ctx_signal},
     {"_cpus", l_cpus}, {"_nofile", l_nofile},
     {"_rank_stdio", l_rank_stdio}, {"_setenv", l_setenv},

@@ -33,12 +33,14 @@ options:
   --timeout S             an attempt fails after S seconds (exit status 124; 0: none)
   --log-dir DIR           output to DIR/<run-id>/attempt_<k>/<rank>/{stdout,stderr}.log
                           only (k: the restart count; on several nodes
-                          DIR/<run-id>/<host>/attempt_<k>/<rank>/)
+                          DIR/<run-id>/<host>/attempt_<k>/<rank>/); made fresh,
+                          never through a link: an existing attempt_<k> is refused
   --tee                   with --log-dir: to the console too
   --ranks LIST            which ranks reach the console, e.g. 0,2-3 (default all)
   --no-prefix             no "[rankN]: " line prefixes (default: prefixes when N > 1)
   --quiet                 no status line, no summary on success
-  --run-id ID             the run's id (default: the engine's job id, else a fresh one)
+  --run-id ID             the run's id (default: the engine's job id, else a fresh one):
+                          letters, digits, '.', '_', '-', not starting with '.' or '-'
   --nnodes N              nodes in the job (default: from the cluster engine, else 1)
   --node-rank R           this node's index, 0 .. N-1 (default: from the engine, else 0)
   --master-addr HOST      node 0's address, for the ranks' rendezvous (default: from
@@ -176,6 +178,12 @@ local function node_of(o)
   return node
 end
 
+--- A name that is one path component and nothing else: no '/', no '..',
+-- no hidden file, no option-like start.
+local function safe_name(s)
+  return #s <= 200 and s:match("^[%w_][%w._-]*$") ~= nil
+end
+
 --- Under an engine, a run id every node shares: its job id.
 local function job_run_id(node)
   if node.launcher == "mprun" or not node.job_id then return nil end
@@ -211,7 +219,10 @@ local function check(o)
   o.node = node_of(o)
   o.first_rank = o.node.group_rank * o.nprocs
   o.ranks = o.ranks and rank_set(o.ranks, o.node.group_world_size * o.nprocs)
-  if o.run_id == "" then usage_error("--run-id must not be empty") end
+  if o.run_id and not safe_name(o.run_id) then
+    usage_error("--run-id must be one path component of letters, digits, '.', '_' and '-' "
+                .. "(not starting with '.' or '-'), got '%s'", o.run_id)
+  end
   o.run_id = o.run_id or job_run_id(o.node) or fresh_run_id()
   if o.log_dir then
     local ok, err = core._makedirs(o.log_dir)
@@ -281,20 +292,74 @@ local function shown(o, r)
   return (o.log_dir == nil or o.tee == true) and (o.ranks == nil or o.ranks[r] == true)
 end
 
+--- A directory of the log tree, made (or, 'fresh' false, taken) through
+-- its parent's descriptor; refuses links and what is not ours.
+local function log_subdir(parent, name, fresh, path)
+  local dir, why, reason = core._subdir(parent, name, fresh)
+  if dir then return dir end
+  if reason == "exists" then
+    error(("--log-dir: %s exists already: mprun makes the directories of each attempt "
+           .. "itself and never writes into one it did not make (use another --run-id, "
+           .. "or remove it)"):format(path), 0)
+  end
+  error(("--log-dir: refusing %s: %s"):format(path, why), 0)
+end
+
+--- Opens DIR/<run-id> (DIR/<run-id>/<host> on several nodes): the
+-- directory every attempt's directory is made in.
+function Run:open_logs()
+  local o = self.o
+  local root, why = core._opendir(o.log_dir)
+  if not root then error(("--log-dir: cannot open %s: %s"):format(o.log_dir, why), 0) end
+  self.log_path = o.log_dir .. "/" .. o.run_id
+  local ok, dir = pcall(log_subdir, root, o.run_id, false, self.log_path)
+  root:close()
+  if not ok then error(dir, 0) end
+  if o.node.group_world_size > 1 then
+    -- several nodes: a directory per host, so no two nodes share a file
+    local host = o.node.host:gsub("[^%w._-]", "_"):gsub("^[.-]", "_")
+    self.log_path = self.log_path .. "/" .. host
+    ok, root = pcall(log_subdir, dir, host, false, self.log_path)
+    dir:close()
+    if not ok then error(root, 0) end
+    dir = root
+  end
+  self.log_root, self.attempt_dirs = dir, {}
+end
+
+--- The directory attempt_<k>, made fresh by this run (once).
+function Run:attempt_dir(k)
+  local dir = self.attempt_dirs[k]
+  if not dir then
+    dir = log_subdir(self.log_root, "attempt_" .. k, true,
+                     ("%s/attempt_%d"):format(self.log_path, k))
+    self.attempt_dirs[k] = dir
+  end
+  return dir
+end
+
+--- The rank's directory of this attempt, made fresh: attempt_<k>/<rank>.
+function Run:rank_dir(rank)
+  if rank.log_dir then rank.log_dir:close() end
+  local name = tostring(rank.global)
+  rank.log_dir = log_subdir(self:attempt_dir(rank.restarts), name, true,
+    ("%s/attempt_%d/%s"):format(self.log_path, rank.restarts, name))
+  return rank.log_dir
+end
+
 --- Where a rank's stdout (stream 1) or stderr (2) goes, for the worker:
 -- a pipe to the relay (console, and a log file through the relay), a log
 -- file directly, or /dev/null.  Returns the worker's end.
 function Run:stream(rank, stream)
   local o, file = self.o, nil
   if o.log_dir then
-    -- several nodes: a directory per host, so no two nodes share a file
-    local host = o.node.group_world_size > 1 and ("/" .. o.node.host) or ""
-    local dir = ("%s/%s%s/attempt_%d/%d"):format(o.log_dir, o.run_id, host, rank.restarts,
-                                                 rank.global)
-    local ok, err = core._makedirs(dir)
-    if not ok then error(err, 0) end
-    file, err = core._open(("%s/%s.log"):format(dir, stream == 1 and "stdout" or "stderr"), "w")
-    if not file then error(err, 0) end
+    local name = stream == 1 and "stdout.log" or "stderr.log"
+    local why
+    file, why = core._create(rank.log_dir, name)
+    if not file then
+      error(("--log-dir: cannot create %s/attempt_%d/%d/%s: %s"):format(
+        self.log_path, rank.restarts, rank.global, name, why), 0)
+    end
   end
   if not shown(o, rank.global) then
     return file or assert(core._open("/dev/null", "w"))
@@ -337,6 +402,7 @@ function Run:start(rank)
     code = o.code, args = o.args, arg = self.arg, linebuf = self.linebuf,
     nofile = self.nofile,
   }
+  if o.log_dir then self:rank_dir(rank) end
   job.stdout = self:stream(rank, 1)
   job.stderr = self:stream(rank, 2)
   local ok, ctx = pcall(mp.start_processes, rank_main, { job }, 1, false, false,
@@ -607,6 +673,14 @@ function Run:say(text)
   io.stderr:write(text)
 end
 
+function Run:close_logs()
+  for _, dir in pairs(self.attempt_dirs or {}) do dir:close() end
+  for _, rank in ipairs(self.ranks) do
+    if rank.log_dir then rank.log_dir:close() end
+  end
+  if self.log_root then self.log_root:close() end
+end
+
 --- mprun's exit status.
 function Run:status_code()
   if self.signal then return 128 + (self.signal == "SIGINT" and 2 or
@@ -639,6 +713,19 @@ function M.run(o)
     self.contexts[r + 1] = false
   end
   self.attempt_started = self.t0
+  if o.log_dir then
+    local ok, err = pcall(function()
+      self:open_logs()
+      self:attempt_dir(0)
+    end)
+    if not ok then
+      self:say("mprun: " .. tostring(err) .. "\n")
+      self:close_logs()
+      self.relay:close()
+      self.sigfd:close()
+      return 2
+    end
+  end
   local ok, err = pcall(self.start_all, self)
   if not ok then
     self:teardown("SIGKILL")
@@ -683,6 +770,7 @@ function M.run(o)
               self.restarts == 1 and "" or "s", core._now() - self.t0))
   end
   self.sigfd:close()
+  self:close_logs()
   return code
 end
 
