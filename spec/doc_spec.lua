@@ -83,3 +83,114 @@ describe("the API reference", function()
     assert.truthy(H.read("LICENSE"):find("MIT License", 1, true))
   end)
 end)
+
+-- README: how to run from a checkout comes first, and every ```lua block is a
+-- program that runs as pasted (except the ones marked <!-- fragment -->).
+local ROOT = H.sh("pwd"):gsub("%s+$", "")
+local BUILD = os.getenv("LUA_MP_BUILD") or "build"
+if BUILD:sub(1, 1) ~= "/" then BUILD = ROOT .. "/" .. BUILD end
+
+--- The fenced blocks of 'lang' in a Markdown text, in order: {line =, code =,
+-- fragment =, heading =}; a block indented in a list loses its indent.
+local function blocks(text, lang)
+  local lines, out, heading = {}, {}, nil
+  for line in (text .. "\n"):gmatch("([^\n]*)\n") do lines[#lines + 1] = line end
+  local i = 1
+  while i <= #lines do
+    heading = lines[i]:match("^#+%s+(.*)$") or heading
+    local indent = lines[i]:match("^(%s*)```" .. lang .. "%s*$")
+    if indent then
+      local prev = i - 1
+      while prev > 0 and lines[prev]:match("^%s*$") do prev = prev - 1 end
+      local body, j = {}, i + 1
+      while j <= #lines and not lines[j]:match("^%s*```%s*$") do
+        local l = lines[j]
+        body[#body + 1] = l:sub(1, #indent) == indent and l:sub(#indent + 1) or l
+        j = j + 1
+      end
+      out[#out + 1] = {
+        line = i, heading = heading, code = table.concat(body, "\n") .. "\n",
+        fragment = prev > 0 and lines[prev]:match("^%s*<!%-%-%s*fragment%s*%-%->%s*$") ~= nil,
+      }
+      i = j + 1
+    else
+      i = i + 1
+    end
+  end
+  return out
+end
+
+--- Processes whose environment holds 'token' (a variable only what a run
+-- started has, its descendants included), with their command lines.
+local function carrying(token)
+  local found = {}
+  for pid in H.sh("ls /proc"):gmatch("(%d+)\n") do
+    local env = H.read("/proc/" .. pid .. "/environ")
+    if env and ("\0" .. env):find("\0" .. token .. "\0", 1, true) and H.alive(pid) then
+      found[#found + 1] = pid .. " " .. (H.read("/proc/" .. pid .. "/cmdline") or ""):gsub("%z", " ")
+    end
+  end
+  return found
+end
+
+--- Runs a shell command with a token in its environment, in 'dir'; returns
+-- its exit status and output, after checking that nothing it started
+-- outlives it (asynchronous exits, such as a tracker's, get a few seconds).
+local function run_marked(dir, command, scratch)
+  local token = "MP_DOC_RUN=" .. scratch
+  H.write(scratch .. "/run.sh", command)
+  local status = H.sh(("cd '%s' && env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS %s sh -e '%s/run.sh' "
+                       .. "</dev/null >'%s/out' 2>&1; echo $?"):format(dir, token, scratch, scratch))
+  local out = H.read(scratch .. "/out") or ""
+  local left = H.eventually(function() return #carrying(token) == 0 end, 10) or carrying(token)
+  assert.is_true(left == true, "processes left behind:\n" .. table.concat(left == true and {} or left, "\n"))
+  return tonumber(status), out
+end
+
+describe("README", function()
+  H.leak_check(before_each, after_each)
+  local readme = assert(H.read("README.md"))
+  local dir
+  before_each(function() dir = H.sh("mktemp -d /tmp/mpdoc.XXXXXX"):gsub("%s+$", "") end)
+  after_each(function() H.sh("rm -rf '" .. dir .. "'") end)
+
+  it("starts with how to run from this checkout, and those commands work", function()
+    local first = readme:find("\n## ", 1, true)
+    assert.are.equal(first, readme:find("\n## Run it from this checkout\n", 1, true),
+                     "the first section is how to run from a checkout")
+    local run
+    for _, b in ipairs(blocks(readme, "sh")) do
+      if b.heading == "Run it from this checkout" then run = b break end
+    end
+    assert.truthy(run, "a sh block under Run it from this checkout")
+    assert.matches('export LUA_PATH="$PWD/lua/?.lua;$PWD/lua/?/init.lua;;"', run.code, 1, true)
+    local status, out = run_marked(ROOT, run.code, dir)
+    assert.are.equal(0, status, out)
+    assert.truthy(out:find("\n" .. mp._VERSION .. "\n", 1, true) or out:find("^" .. mp._VERSION .. "\n"), out)
+    assert.truthy(out:find("[rank0]: 0\n", 1, true), out)
+    assert.truthy(out:find("[rank1]: 1\n", 1, true), out)
+    -- the two commands of the project stay as they are
+    assert.truthy(readme:find("sh scripts/install-deps.sh && make example\n", 1, true))
+    assert.truthy(readme:find("sh scripts/install-deps.sh && make check\n", 1, true))
+  end)
+
+  local examples = blocks(readme, "lua")
+  it("has Lua examples, a few of them fragments at most", function()
+    local runnable = 0
+    for _, b in ipairs(examples) do if not b.fragment then runnable = runnable + 1 end end
+    assert.is_true(runnable >= 4 and runnable > #examples - runnable, #examples .. " blocks")
+  end)
+
+  for _, b in ipairs(examples) do
+    if not b.fragment then
+      it(("example at README.md:%d (%s) runs as pasted, in an empty directory"):format(b.line, b.heading),
+         function()
+        H.sh("mkdir '" .. dir .. "/cwd'")
+        H.write(dir .. "/cwd/example.lua", b.code)
+        local status, out = run_marked(dir .. "/cwd", ("LUA_PATH='%s' LUA_CPATH='%s' lua5.4 example.lua\n"):format(
+          ROOT .. "/lua/?.lua;" .. ROOT .. "/lua/?/init.lua;;", BUILD .. "/?.so;;"), dir)
+        assert.are.equal(0, status, "README.md:" .. b.line .. ":\n" .. out)
+      end)
+    end
+  end
+end)
