@@ -67,7 +67,8 @@ export { "signals" }
 M.world = require("multiprocessing.world").world
 
 -- Process pools and the start method they use by default.
--- lua/multiprocessing/pool.lua (its C: src/pool.c); spec/pool_spec.lua.
+-- lua/multiprocessing/pool.lua (+ poolcheck, fifo, poolsup, poolworker; its C:
+-- src/pool.c); spec/pool_spec.lua.
 export { "cpu_count", "TimeoutError" }
 
 local start_method = "spawn"

@@ -1,11 +1,9 @@
---- multiprocessing.pool: mp.Pool, a task farm over ProcessContexts.
---
--- Each worker is a ProcessContext of one process (start_processes with the
--- pool's start method, join = false), so one worker can be killed and
--- replaced without touching the others, and dies with the parent like any
--- worker.  The worker body is poolworker.worker: take a message of tasks from its
--- own private queue, run them, post the results on the pool's result queue
--- (poolworker.lua: a module of its own, which a fresh worker loads quickly).
+--- multiprocessing.pool: mp.Pool and its AsyncResult, a task farm over
+-- ProcessContexts.  Its parts: poolcheck.lua (argument checks), fifo.lua
+-- (the job and redo lists), poolsup.lua (workers that start, die, hang or
+-- retire), poolworker.lua (a worker's body: take a message of tasks from its
+-- own private queue, run them, post the results on the pool's result queue;
+-- a module of its own, which a fresh worker loads quickly).
 --
 -- Messages, parent -> worker (its task Queue, which alone carries Lua
 -- functions as bytecode: q:_functions()):
@@ -24,19 +22,27 @@
 -- (0: starting, -1: idle).  That is how a task timeout is seen and which
 -- task a dead worker was running.
 local core = require "multiprocessing.core"
-local W = require "multiprocessing.poolworker"
+local C = require "multiprocessing.poolcheck"
+local F = require "multiprocessing.fifo"
+local S = require "multiprocessing.poolsup"
 
 local M = {}
 
 local now, mk_exception = core._now, core._exception
 local tmove, floor, min, max = table.move, math.floor, math.min, math.max
-local MID = W.MID
 local pcall, type = pcall, type
+local argerror, describe, check_type = C.argerror, C.describe, C.check_type
+local check_count, check_seconds, check_wait = C.check_count, C.check_seconds,
+                                               C.check_wait
+local check_options, check_sendable, NO_OPTIONS = C.check_options,
+                                                  C.check_sendable, C.NO_OPTIONS
+local fifo, push, peek, pop, is_empty = F.new, F.push, F.peek, F.pop,
+                                        F.is_empty
+local new_worker, retire, task_name = S.new_worker, S.retire, S.task_name
 
 local MAXMSG = 4096        -- items in one message at most
 local INFLIGHT = 2         -- messages queued to one worker at most
-local SLICE = 0.05         -- seconds between looks at the workers
-local KILL_GRACE = 0.5     -- SIGTERM, then SIGKILL after this long
+local SLICE = S.SLICE      -- seconds between looks at the workers
 local TERM_GRACE = 1.0     -- terminate(): the same for the whole pool
 local FNCACHE = 256        -- functions a worker keeps before a reset
 local APPLY_BATCH = 1024  -- apply_async calls gathered while workers are busy
@@ -45,80 +51,6 @@ local WINDOW = 65536       -- imap: results buffered ahead of the consumer
 local RESULTS_CAP = 64 << 20
 
 local START_METHODS = { fork = true, spawn = true, forkserver = true }
-
-local function mp_isinstance(v, tname)
-  local mp = require "multiprocessing"
-  return mp.isinstance(v, mp[tname])
-end
-
----------------------------------------------------------------------------
--- argument checks: before anything is queued
-
--- 'level' is error()'s level as seen from the function that calls a check:
--- 2 (the default) blames its caller.
-local function argerror(fname, i, msg, level)
-  error(("bad argument #%d to '%s' (%s)"):format(i, fname, msg),
-        (level or 2) + 1)
-end
-
-local function describe(v)
-  return type(v) == "number" and tostring(v) or type(v)
-end
-
-local function check_type(fname, i, v, t, level)
-  if type(v) ~= t then
-    argerror(fname, i, ("%s expected, got %s"):format(t, type(v)),
-             (level or 2) + 1)
-  end
-  return v
-end
-
-local function check_count(fname, i, v, what, level)
-  if math.type(v) ~= "integer" or v < 1 then
-    argerror(fname, i, ("%s must be a positive integer, got %s")
-                       :format(what, describe(v)), (level or 2) + 1)
-  end
-  return v
-end
-
-local function check_seconds(fname, i, v, what, level)
-  if v ~= nil and (type(v) ~= "number" or v ~= v or v < 0) then
-    argerror(fname, i, ("%s must be a non-negative number of seconds, got %s")
-                       :format(what, describe(v)), (level or 2) + 1)
-  end
-  return v
-end
-
--- A wait's timeout, as everywhere in the library: nil for ever, a negative
--- number 0; NaN and non-numbers raise.
-local function check_wait(fname, v)
-  if v == nil then return nil end
-  if type(v) ~= "number" or v ~= v then
-    argerror(fname, 1, ("timeout must be a number of seconds, got %s")
-                       :format(describe(v)), 3)
-  end
-  return v < 0 and 0 or v
-end
-
-local NO_OPTIONS = {}
-
-local function check_options(fname, i, opts, known, level)
-  level = (level or 2) + 1
-  if opts == nil then return NO_OPTIONS end
-  check_type(fname, i, opts, "table", level)
-  for k in pairs(opts) do
-    if not known[k] then
-      argerror(fname, i, ("unknown option '%s'"):format(tostring(k)), level)
-    end
-  end
-  return opts
-end
-
--- Raises the codec's error, naming the path, when 'v' cannot be sent.
-local function check_sendable(fname, name, v, level)
-  local ok, err = pcall(core._check_sendable, v, name)
-  if not ok then error(fname .. ": " .. tostring(err), (level or 2) + 1) end
-end
 
 ---------------------------------------------------------------------------
 -- AsyncResult
@@ -190,6 +122,7 @@ end
 -- Pool
 
 local Pool = {}
+for k, f in pairs(S.methods) do Pool[k] = f end
 Pool.__index = Pool
 Pool.__name = "multiprocessing.Pool"
 
@@ -202,48 +135,6 @@ local POOL_OPTIONS = { start_method = true, initializer = true,
 --   kind: "map" (results table), "imap" (in order), "unordered", "apply"
 --   list, n, star, chunksize, next (first undispatched), left (unsettled)
 --   results, errors, first_error, tries, outcomes, ...
-
--- A first-in first-out list with explicit ends: items leave from the head,
--- so '#' and ipairs, which need a sequence without holes, cannot count it.
-local function fifo() return { head = 1, tail = 0 } end
-
-local function push(f, v)
-  local t = f.tail + 1
-  f.tail, f[t] = t, v
-end
-
-local function peek(f) return f[f.head] end
-
-local function pop(f)
-  local h = f.head
-  local v = f[h]
-  if h < f.tail then f[h], f.head = nil, h + 1
-  elseif h == f.tail then f[h], f.head, f.tail = nil, 1, 0 end  -- empty
-  return v
-end
-
-local function is_empty(f) return f.head > f.tail end
-
-local function new_worker(pool, slot)
-  local mp = require "multiprocessing"
-  local q = mp.Queue()
-  q:_functions()
-  pool.cur:set(slot, 0)
-  local ok, ctx = pcall(mp.start_processes, W.worker,
-                        { q, pool.results, pool.cur, slot, pool.maxtasks,
-                          pool.initializer, pool.initargs },
-                        1, false, false, pool.start_method)
-  if not ok then
-    q:close()
-    error(ctx, 0)
-  end
-  local w = { slot = slot, ctx = ctx, proc = ctx.processes[1], q = q,
-              pid = ctx.processes[1].pid, inflight = {}, nmsg = 0,
-              assigned = 0, size = 1, fns = {}, nfns = 0,
-              seen = 0, since = now() }
-  pool.workers[slot] = w
-  return w
-end
 
 --- mp.Pool([processes [, opts]])
 function M.new(processes, opts)
@@ -438,11 +329,6 @@ end
 ---------------------------------------------------------------------------
 -- settling tasks
 
-local function task_name(job, pos)
-  return job.kind == "apply" and ("apply_async call %d"):format(pos)
-         or ("task %d"):format(pos)
-end
-
 local function finish_job(self, job)
   self.active = self.active - 1
   if job.progress then job.progress(true) end
@@ -485,6 +371,8 @@ local function settle(self, job, pos, ok, value)
   end
   if job.left == 0 and not job.abandoned then finish_job(self, job) end
 end
+
+Pool._settle = settle
 
 local function task_exception(job, pos, w, e)
   return mk_exception("raised", {
@@ -565,199 +453,7 @@ function Pool:_drain()
 end
 
 ---------------------------------------------------------------------------
--- workers that die, hang, or retire
-
--- The item a worker was running: rec, k; or nil.
-local function running_item(self, w)
-  local v = self.cur:get(w.slot)
-  if v <= 0 then return nil end
-  local rec = self.msgs[v // MID]
-  if rec and rec.w == w then return rec, v % MID end
-end
-
-local function exit_text(code)
-  if code and code < 0 then
-    local name
-    for n, num in pairs(core.signals) do
-      if num == -code then name = n break end
-    end
-    return "signal " .. (name or ("<Unknown signal %d>"):format(-code)), name
-  end
-  return "exit code " .. tostring(code)
-end
-
--- The item 'pos' of 'job' was running in 'w' when it died or timed out.
-function Pool:_killed(job, pos, w, code, timeout)
-  local tries = job.tries[pos] or 0
-  if tries < self.retries then
-    job.tries[pos] = tries + 1
-    push(self.redo, { job = job, pos = pos })
-    return
-  end
-  local e
-  if timeout then
-    e = mk_exception("timeout", {
-      msg = ("%s timed out after %g seconds in pool process %d, which was "
-             .. "terminated"):format(task_name(job, pos), timeout, w.pid),
-      task = pos, pid = w.pid, error_pid = w.pid, error_index = w.slot - 1,
-      timeout = timeout, exit_code = code })
-  else
-    local text, name = exit_text(code)
-    e = mk_exception("exited", {
-      msg = ("%s: pool process %d terminated with %s while running it")
-            :format(task_name(job, pos), w.pid, text),
-      task = pos, pid = w.pid, error_pid = w.pid, error_index = w.slot - 1,
-      exit_code = code, signal_name = name })
-  end
-  settle(self, job, pos, false, e)
-end
-
--- Ends worker 'w' (SIGTERM, 'grace' seconds, SIGKILL) and its queue.  The
--- messages it never took are read here: what they hold (file_system
--- references of arrays) is given back when they are collected, not lost
--- with the queue.
-local function retire(w, grace)
-  w.ctx:close(grace)
-  local q = w.q
-  while q:qsize() > 0 do
-    local ok, msg = pcall(q.get, q, 0)
-    if not ok or msg == nil then break end
-  end
-  q:close()
-  w.ctx = nil
-end
-
--- Worker 'w' has exited: its unfinished items run again elsewhere, the one
--- it was running fails (or is retried), and a new worker takes its slot.
-function Pool:_lost(w)
-  -- A worker killed while it wrote its results leaves that message half
-  -- written, and the queue's readers wait for its end until some writer
-  -- comes to pad it: the parent writes a no-op message itself (not
-  -- waiting: a full queue has writers enough).
-  pcall(self.results.put, self.results, false, 0)
-  self:_drain()
-  local code = w.proc.exitcode
-  local ok, err = pcall(w.ctx.join, w.ctx, 0)
-  local rec, k = running_item(self, w)
-  local mids = {}
-  for mid in pairs(w.inflight) do mids[#mids + 1] = mid end
-  table.sort(mids)
-  local redo = fifo()
-  self.nmsg = self.nmsg - #mids
-  for _, mid in ipairs(mids) do
-    local r = self.msgs[mid]
-    self.msgs[mid] = nil
-    for i = r.upto + 1, r.n do
-      local pos = r.first + i - 1
-      if r == rec and i == k then
-        self:_killed(r.job, pos, w, code, w.killing and w.killing.timeout)
-      elseif not r.job.abandoned then
-        push(redo, { job = r.job, pos = pos })
-      end
-    end
-  end
-  -- requeued items go first, in order
-  for i = self.redo.head, self.redo.tail do push(redo, self.redo[i]) end
-  self.redo = redo
-  local started = self.cur:get(w.slot) ~= 0
-  retire(w, 0)
-  w.inflight = {}
-  if not ok and mp_isinstance(err, "ProcessRaisedException") then
-    -- the worker itself failed (its initializer): the pool cannot work
-    self.broken = err
-  elseif not started and code ~= 0 then
-    -- killed while starting (it happens), or an initializer that exits:
-    -- the pool gives up when no worker gets ready before this many die
-    self.unready = (self.unready or 0) + 1
-    if self.unready > self.processes + 3 then
-      self.broken = mk_exception("exited", {
-        msg = ("pool process %d terminated with %s before it was ready, "
-               .. "as did %d others (in the initializer?)")
-              :format(w.pid, (exit_text(code)), self.unready - 1),
-        pid = w.pid, error_pid = w.pid, error_index = w.slot - 1,
-        exit_code = code })
-    end
-  end
-  if self.broken then
-    self:terminate()
-    error(self.broken, 0)
-  end
-  if self.state ~= "terminate" then self:_restart(w) end
-end
-
--- Starts a worker in w's slot.  A start that fails (EAGAIN, EMFILE, a
--- forkserver that died) leaves the slot empty for the next look; the
--- third failure in a row breaks the pool with its error.
-function Pool:_restart(w)
-  local ok, err = pcall(new_worker, self, w.slot)
-  if ok then return end
-  local fails = (w.start_fails or 0) + 1
-  self.workers[w.slot] = { slot = w.slot, start_fails = fails, inflight = {},
-                           nmsg = 0, assigned = 0, fns = {}, nfns = 0 }
-  if fails >= 3 then
-    self.broken = err
-    self:terminate()
-    error(err, 0)
-  end
-end
-
--- A live worker: killed after its grace when it is being killed, else
--- terminated when its task has run past its timeout.
-local function watch(self, w, t)
-  if w.killing then
-    if t - w.killing.at > KILL_GRACE and not w.killing.kill then
-      w.killing.kill = true
-      pcall(w.proc.kill, w.proc)
-    end
-    return
-  end
-  local v = self.cur:get(w.slot)
-  if v ~= w.seen then
-    w.seen, w.since = v, t
-    return
-  end
-  local rec, k = running_item(self, w)
-  if not rec then return end
-  local job, pos = rec.job, rec.first + k - 1
-  local limit = job.kind == "apply" and job.timeouts[pos] or job.timeout
-                or self.timeout
-  if limit and t - w.since > limit then
-    w.killing = { at = t, timeout = limit }
-    pcall(w.proc.terminate, w.proc)
-  end
-end
-
--- Looks at every worker: dead ones are replaced, hung tasks killed, empty
--- slots filled again.
-function Pool:_check()
-  local t = now()
-  self.next_check = t + SLICE
-  for _, w in ipairs(self.workers) do
-    if not w.ctx then
-      if w.start_fails and self.state ~= "terminate" then self:_restart(w) end
-    elseif not w.proc:is_alive() then
-      self:_lost(w)
-    else
-      watch(self, w, t)
-    end
-  end
-end
-
-function Pool:_queue_error(err)
-  if type(err) == "string" and err:find("interrupted", 1, true) then
-    self:terminate()
-    error("interrupted!", 0)
-  end
-  if type(err) == "string" and err:find("no other process", 1, true) then
-    -- every worker is gone: look now, then wait on one for a moment
-    self:_check()
-    for _, w in ipairs(self.workers) do
-      if w.ctx then pcall(w.ctx.join, w.ctx, SLICE) break end
-    end
-    return
-  end
-  error(err, 0)
-end
+-- the pool's loop
 
 -- On an error exit of a wait (Ctrl-C: "interrupted!"), the workers go.
 local function interrupt_guard(self)

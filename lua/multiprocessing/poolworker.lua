@@ -107,10 +107,15 @@ local function run_message(msg, fns, results, mark)
   return out
 end
 
---- The body of a pool worker (a module function: it crosses by reference).
-function M.worker(_, tasks, results, cur, slot, maxtasks, init, initargs)
+--- The body of a pool worker (a module function: it crosses by reference),
+-- configured by one table (poolsup.new_worker): { tasks = its Queue,
+-- results = the pool's result Queue, board = the pool's board, slot = its
+-- word there, maxtasks, initializer, initargs }.
+function M.worker(_, cfg)
+  local tasks, results, maxtasks = cfg.tasks, cfg.results, cfg.maxtasks
+  local init, initargs = cfg.initializer, cfg.initargs
   tasks:_functions()
-  local mark = cur:marker(slot)
+  local mark = cfg.board:marker(cfg.slot)
   if init then init(unpack(initargs, 1, initargs.n or #initargs)) end
   mark(-1)
   local fns, count = {}, 0

@@ -1,0 +1,254 @@
+--- multiprocessing.poolsup: mp.Pool's supervision of its workers (pool.lua
+-- is the rest of the pool and says what the messages and the board hold):
+-- starting a worker in a slot, seeing that one died or hangs, failing or
+-- retrying the task it was running, and starting another in its place.
+--
+-- Each worker is a ProcessContext of one process (start_processes with the
+-- pool's start method, join = false), so one worker can be killed and
+-- replaced without touching the others, and dies with the parent like any
+-- worker.  Its body is poolworker.worker, configured by one table.
+local core = require "multiprocessing.core"
+local W = require "multiprocessing.poolworker"
+local F = require "multiprocessing.fifo"
+
+local M = {}
+local Pool = {}     -- methods that pool.lua adds to its Pool
+M.methods = Pool
+
+local now, mk_exception = core._now, core._exception
+local MID = W.MID
+local push = F.push
+local pcall = pcall
+
+M.SLICE = 0.05             -- seconds between looks at the workers
+local SLICE = M.SLICE
+local KILL_GRACE = 0.5     -- SIGTERM, then SIGKILL after this long
+
+local function mp_isinstance(v, tname)
+  local mp = require "multiprocessing"
+  return mp.isinstance(v, mp[tname])
+end
+
+function M.task_name(job, pos)
+  return job.kind == "apply" and ("apply_async call %d"):format(pos)
+         or ("task %d"):format(pos)
+end
+local task_name = M.task_name
+
+-- Starts a worker in 'slot' of 'pool' and returns it (raises when the
+-- start fails).
+function M.new_worker(pool, slot)
+  local mp = require "multiprocessing"
+  local q = mp.Queue()
+  q:_functions()
+  pool.cur:set(slot, 0)
+  local ok, ctx = pcall(mp.start_processes, W.worker, { {
+      tasks = q, results = pool.results, board = pool.cur, slot = slot,
+      maxtasks = pool.maxtasks, initializer = pool.initializer,
+      initargs = pool.initargs } }, 1, false, false, pool.start_method)
+  if not ok then
+    q:close()
+    error(ctx, 0)
+  end
+  local w = { slot = slot, ctx = ctx, proc = ctx.processes[1], q = q,
+              pid = ctx.processes[1].pid, inflight = {}, nmsg = 0,
+              assigned = 0, size = 1, fns = {}, nfns = 0,
+              seen = 0, since = now() }
+  pool.workers[slot] = w
+  return w
+end
+local new_worker = M.new_worker
+
+-- The item a worker was running: rec, k; or nil.
+local function running_item(self, w)
+  local v = self.cur:get(w.slot)
+  if v <= 0 then return nil end
+  local rec = self.msgs[v // MID]
+  if rec and rec.w == w then return rec, v % MID end
+end
+
+local function exit_text(code)
+  if code and code < 0 then
+    local name
+    for n, num in pairs(core.signals) do
+      if num == -code then name = n break end
+    end
+    return "signal " .. (name or ("<Unknown signal %d>"):format(-code)), name
+  end
+  return "exit code " .. tostring(code)
+end
+
+-- The item 'pos' of 'job' was running in 'w' when it died or timed out.
+function Pool:_killed(job, pos, w, code, timeout)
+  local tries = job.tries[pos] or 0
+  if tries < self.retries then
+    job.tries[pos] = tries + 1
+    push(self.redo, { job = job, pos = pos })
+    return
+  end
+  local e
+  if timeout then
+    e = mk_exception("timeout", {
+      msg = ("%s timed out after %g seconds in pool process %d, which was "
+             .. "terminated"):format(task_name(job, pos), timeout, w.pid),
+      task = pos, pid = w.pid, error_pid = w.pid, error_index = w.slot - 1,
+      timeout = timeout, exit_code = code })
+  else
+    local text, name = exit_text(code)
+    e = mk_exception("exited", {
+      msg = ("%s: pool process %d terminated with %s while running it")
+            :format(task_name(job, pos), w.pid, text),
+      task = pos, pid = w.pid, error_pid = w.pid, error_index = w.slot - 1,
+      exit_code = code, signal_name = name })
+  end
+  self:_settle(job, pos, false, e)
+end
+
+-- Ends worker 'w' (SIGTERM, 'grace' seconds, SIGKILL) and its queue.  The
+-- messages it never took are read here: what they hold (file_system
+-- references of arrays) is given back when they are collected, not lost
+-- with the queue.
+function M.retire(w, grace)
+  w.ctx:close(grace)
+  local q = w.q
+  while q:qsize() > 0 do
+    local ok, msg = pcall(q.get, q, 0)
+    if not ok or msg == nil then break end
+  end
+  q:close()
+  w.ctx = nil
+end
+
+-- Worker 'w' has exited: its unfinished items run again elsewhere, the one
+-- it was running fails (or is retried), and a new worker takes its slot.
+function Pool:_lost(w)
+  -- A worker killed while it wrote its results leaves that message half
+  -- written, and the queue's readers wait for its end until some writer
+  -- comes to pad it: the parent writes a no-op message itself (not
+  -- waiting: a full queue has writers enough).
+  pcall(self.results.put, self.results, false, 0)
+  self:_drain()
+  local code = w.proc.exitcode
+  local ok, err = pcall(w.ctx.join, w.ctx, 0)
+  local rec, k = running_item(self, w)
+  local mids = {}
+  for mid in pairs(w.inflight) do mids[#mids + 1] = mid end
+  table.sort(mids)
+  local redo = F.new()
+  self.nmsg = self.nmsg - #mids
+  for _, mid in ipairs(mids) do
+    local r = self.msgs[mid]
+    self.msgs[mid] = nil
+    for i = r.upto + 1, r.n do
+      local pos = r.first + i - 1
+      if r == rec and i == k then
+        self:_killed(r.job, pos, w, code, w.killing and w.killing.timeout)
+      elseif not r.job.abandoned then
+        push(redo, { job = r.job, pos = pos })
+      end
+    end
+  end
+  -- requeued items go first, in order
+  for i = self.redo.head, self.redo.tail do push(redo, self.redo[i]) end
+  self.redo = redo
+  local started = self.cur:get(w.slot) ~= 0
+  M.retire(w, 0)
+  w.inflight = {}
+  if not ok and mp_isinstance(err, "ProcessRaisedException") then
+    -- the worker itself failed (its initializer): the pool cannot work
+    self.broken = err
+  elseif not started and code ~= 0 then
+    -- killed while starting (it happens), or an initializer that exits:
+    -- the pool gives up when no worker gets ready before this many die
+    self.unready = (self.unready or 0) + 1
+    if self.unready > self.processes + 3 then
+      self.broken = mk_exception("exited", {
+        msg = ("pool process %d terminated with %s before it was ready, "
+               .. "as did %d others (in the initializer?)")
+              :format(w.pid, (exit_text(code)), self.unready - 1),
+        pid = w.pid, error_pid = w.pid, error_index = w.slot - 1,
+        exit_code = code })
+    end
+  end
+  if self.broken then
+    self:terminate()
+    error(self.broken, 0)
+  end
+  if self.state ~= "terminate" then self:_restart(w) end
+end
+
+-- Starts a worker in w's slot.  A start that fails (EAGAIN, EMFILE, a
+-- forkserver that died) leaves the slot empty for the next look; the
+-- third failure in a row breaks the pool with its error.
+function Pool:_restart(w)
+  local ok, err = pcall(new_worker, self, w.slot)
+  if ok then return end
+  local fails = (w.start_fails or 0) + 1
+  self.workers[w.slot] = { slot = w.slot, start_fails = fails, inflight = {},
+                           nmsg = 0, assigned = 0, fns = {}, nfns = 0 }
+  if fails >= 3 then
+    self.broken = err
+    self:terminate()
+    error(err, 0)
+  end
+end
+
+-- A live worker: killed after its grace when it is being killed, else
+-- terminated when its task has run past its timeout.
+local function watch(self, w, t)
+  if w.killing then
+    if t - w.killing.at > KILL_GRACE and not w.killing.kill then
+      w.killing.kill = true
+      pcall(w.proc.kill, w.proc)
+    end
+    return
+  end
+  local v = self.cur:get(w.slot)
+  if v ~= w.seen then
+    w.seen, w.since = v, t
+    return
+  end
+  local rec, k = running_item(self, w)
+  if not rec then return end
+  local job, pos = rec.job, rec.first + k - 1
+  local limit = job.kind == "apply" and job.timeouts[pos] or job.timeout
+                or self.timeout
+  if limit and t - w.since > limit then
+    w.killing = { at = t, timeout = limit }
+    pcall(w.proc.terminate, w.proc)
+  end
+end
+
+-- Looks at every worker: dead ones are replaced, hung tasks killed, empty
+-- slots filled again.
+function Pool:_check()
+  local t = now()
+  self.next_check = t + SLICE
+  for _, w in ipairs(self.workers) do
+    if not w.ctx then
+      if w.start_fails and self.state ~= "terminate" then self:_restart(w) end
+    elseif not w.proc:is_alive() then
+      self:_lost(w)
+    else
+      watch(self, w, t)
+    end
+  end
+end
+
+function Pool:_queue_error(err)
+  if type(err) == "string" and err:find("interrupted", 1, true) then
+    self:terminate()
+    error("interrupted!", 0)
+  end
+  if type(err) == "string" and err:find("no other process", 1, true) then
+    -- every worker is gone: look now, then wait on one for a moment
+    self:_check()
+    for _, w in ipairs(self.workers) do
+      if w.ctx then pcall(w.ctx.join, w.ctx, SLICE) break end
+    end
+    return
+  end
+  error(err, 0)
+end
+
+return M
