@@ -83,6 +83,45 @@ describe("mprun", function()
       end
     end)
 
+    local impossible = {
+      { "RANK=abc", "RANK must be an integer >= 0, got 'abc'" },
+      { "RANK=-1", "RANK must be an integer >= 0, got '-1'" },
+      { "WORLD_SIZE=-1", "WORLD_SIZE must be an integer >= 1, got '-1'" },
+      { "WORLD_SIZE=0", "WORLD_SIZE must be an integer >= 1, got '0'" },
+      { "RANK=5 WORLD_SIZE=2", "RANK=5 is not below WORLD_SIZE=2" },
+      { "LOCAL_RANK=-7", "LOCAL_RANK must be an integer >= 0, got '-7'" },
+      { "LOCAL_RANK=2 LOCAL_WORLD_SIZE=2", "LOCAL_RANK=2 is not below LOCAL_WORLD_SIZE=2" },
+      { "LOCAL_WORLD_SIZE=x", "LOCAL_WORLD_SIZE must be an integer >= 1, got 'x'" },
+      { "MP_RUN_ID=r MASTER_PORT=99999999", "MASTER_PORT must be an integer in 1..65535" },
+      { "MP_RUN_ID=r GROUP_RANK=2 GROUP_WORLD_SIZE=2", "GROUP_RANK=2 is not below GROUP_WORLD_SIZE=2" },
+      { "MP_RUN_ID=r GROUP_WORLD_SIZE=0", "GROUP_WORLD_SIZE must be an integer >= 1" },
+      { "MP_RESTART_COUNT=1.5", "MP_RESTART_COUNT must be an integer >= 0, got '1.5'" },
+      { "MP_MAX_RESTARTS=-2", "MP_MAX_RESTARTS must be an integer >= 0" },
+    }
+    for _, case in ipairs(impossible) do
+      it("mp.world() raises naming the variable for " .. case[1], function()
+        local script = H.script([[print(require("multiprocessing").world().rank)]])
+        local out, err, code = sh(("env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE "
+          .. "-u GROUP_RANK -u GROUP_WORLD_SIZE -u MP_RUN_ID -u MASTER_PORT %s lua5.4 %s")
+          :format(case[1], q(script)))
+        os.remove(script)
+        assert.are_not.equal(0, code)
+        assert.are.equal("", out)
+        assert.matches("mp.world: " .. case[2], err, 1, true)
+        assert.is_truthy(err:find(script .. ":2: mp.world: ", 1, true), err)  -- the caller's line
+      end)
+    end
+
+    it("mp.world() takes a possible world as it is", function()
+      local script = H.script([[local w = require("multiprocessing").world()
+        print(w.rank, w.world_size, w.local_rank, w.local_world_size, w.master_port)]])
+      local out, err, code = sh(("env RANK=3 WORLD_SIZE=4 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 "
+        .. "MP_RUN_ID=r MASTER_PORT=29501 lua5.4 %s"):format(q(script)))
+      os.remove(script)
+      assert.are.equal(0, code, err)
+      assert.are.equal("3\t4\t1\t2\t29501\n", out)
+    end)
+
     it("sets arg and ... as lua5.4 does for a script", function()
       local script = H.script([[print(arg[0], arg[1], arg[2], #arg, select("#", ...), ...)]], "")
       local out, err, code = mprun(q(script) .. " a 'b c'")

@@ -17,10 +17,25 @@ local cluster = require "multiprocessing.cluster"
 
 local M = {}
 
-local function int(name, default)
-  local n = math.tointeger(tonumber(os.getenv(name) or ""))
-  if n == nil then return default end
+--- A variable's integer value, 'default' when it is unset (or empty);
+-- raises, naming the variable, for anything but an integer in min..max.
+local function int(name, default, min, max)
+  local raw = os.getenv(name)
+  if raw == nil or raw == "" then return default end
+  local n = math.tointeger(tonumber(raw))
+  if n == nil or n < min or (max and n > max) then
+    error(("mp.world: %s must be an integer %s, got '%s'"):format(name,
+      max and ("in %d..%d"):format(min, max) or (">= " .. min), raw), 0)
+  end
   return n
+end
+
+--- Raises unless index < size: "RANK=5 is not below WORLD_SIZE=2".
+local function below(index_name, index, size_name, size)
+  if index >= size then
+    error(("mp.world: %s=%d is not below %s=%d: no such %s in the world")
+      :format(index_name, index, size_name, size, index_name:lower():gsub("_", " ")), 0)
+  end
 end
 
 --- The node-level facts: which node (group) this is among how many, where
@@ -39,10 +54,10 @@ function M.node(overrides)
   if os.getenv("MP_RUN_ID") ~= nil and overrides == nil then
     return {
       launcher = os.getenv("MP_LAUNCHER") or "mprun",
-      group_rank = int("GROUP_RANK", 0),
-      group_world_size = int("GROUP_WORLD_SIZE", 1),
+      group_rank = int("GROUP_RANK", 0, 0),
+      group_world_size = int("GROUP_WORLD_SIZE", 1, 1),
       master_addr = os.getenv("MASTER_ADDR"),
-      master_port = int("MASTER_PORT", nil),
+      master_port = int("MASTER_PORT", nil, 1, 65535),
       host = cluster.hostname(),
     }
   end
@@ -55,15 +70,27 @@ end
 -- rank 0 of a world of 1 (launcher nil).  A process an engine started
 -- without mprun (one per node) is rank group_rank of group_world_size, the
 -- only one on its node: its own ranks are group_rank * n + i.
-function M.world()
+--- Every variable is checked: an impossible world (RANK=abc, WORLD_SIZE=-1,
+-- RANK=5 of WORLD_SIZE=2, MASTER_PORT=99999999) raises naming the variable,
+-- rather than giving two processes the same rank.
+local function world()
   local w = M.node()
-  w.rank = int("RANK", w.group_rank)
-  w.world_size = int("WORLD_SIZE", w.group_world_size)
-  w.local_rank = int("LOCAL_RANK", 0)
-  w.local_world_size = int("LOCAL_WORLD_SIZE", 1)
-  w.restart_count = int("MP_RESTART_COUNT", 0)
-  w.max_restarts = int("MP_MAX_RESTARTS", 0)
+  below("GROUP_RANK", w.group_rank, "GROUP_WORLD_SIZE", w.group_world_size)
+  w.world_size = int("WORLD_SIZE", w.group_world_size, 1)
+  w.rank = int("RANK", w.group_rank, 0)
+  below("RANK", w.rank, "WORLD_SIZE", w.world_size)
+  w.local_world_size = int("LOCAL_WORLD_SIZE", 1, 1)
+  w.local_rank = int("LOCAL_RANK", 0, 0)
+  below("LOCAL_RANK", w.local_rank, "LOCAL_WORLD_SIZE", w.local_world_size)
+  w.restart_count = int("MP_RESTART_COUNT", 0, 0)
+  w.max_restarts = int("MP_MAX_RESTARTS", 0, 0)
   w.run_id = os.getenv("MP_RUN_ID")
+  return w
+end
+
+function M.world()
+  local ok, w = pcall(world)
+  if not ok then error(w, 2) end   -- at the caller's line
   return w
 end
 
