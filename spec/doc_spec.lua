@@ -194,3 +194,57 @@ describe("README", function()
     end
   end
 end)
+
+-- The man pages render cleanly (groff warns about nothing) and say what the
+-- commands and the module have.
+describe("the man pages", function()
+  --- The page as text: no hyphenation, long lines, no overstrikes.
+  local function render(page)
+    return H.sh(("groff -man -Tutf8 -P-cbou -rHY=0 -rLL=300n %s 2>&1"):format(page))
+  end
+  local function warnings(page)
+    return H.sh(("groff -man -Tutf8 -ww -z %s 2>&1; MANWIDTH=80 man -l %s 2>&1 >/dev/null"):format(page, page))
+  end
+
+  it("mprun(1): every option of mprun --help, the environment, the exit statuses, examples", function()
+    assert.are.equal("", warnings("doc/mprun.1"))
+    local text = render("doc/mprun.1")
+    local help = H.sh("./scripts/mprun --help 2>&1")
+    local names = {}
+    for option in help:gmatch("%f[%w-](%-%-?[%a][%w-]*)") do names[option] = true end
+    for var in help:match("Each rank gets(.-)in its environment"):gmatch("[%u_]+") do names[var] = true end
+    assert.is_true(names["--max-restarts"] and names["-n"] and names.RANK and names.MP_RUN_ID or false)
+    -- an option is an item of OPTIONS (a tag line), a variable is in ENVIRONMENT
+    local options = assert(text:match("\nOPTIONS\n(.-)\n%u[%u ]+\n"))
+    local tags = {}
+    for tag in ("\n" .. options):gmatch("\n       (%-[^\n]*)") do tags[#tags + 1] = tag end
+    tags = "\n" .. table.concat(tags, "\n") .. "\n"
+    local env = assert(text:match("\nENVIRONMENT\n(.-)\n%u[%u ]+\n"))
+    local missing = {}
+    for name in pairs(names) do
+      local where = name:sub(1, 1) == "-" and tags or env
+      if not where:find("%f[%w-]" .. name:gsub("%-", "%%-") .. "%f[^%w-]") then missing[#missing + 1] = name end
+    end
+    table.sort(missing)
+    assert.are.same({}, missing)
+    for _, section in ipairs { "SYNOPSIS", "OPTIONS", "ENVIRONMENT", "EXIT STATUS", "EXAMPLES", "SEE ALSO" } do
+      assert.truthy(text:find("\n" .. section .. "\n", 1, true), section)
+    end
+    for _, status in ipairs { "124", "130", "143", "128 + its signal number" } do
+      assert.truthy(text:find(status, 1, true), status)
+    end
+    assert.truthy(text:find([[mprun -n auto -e 'print(require("multiprocessing").world().rank)']], 1, true))
+  end)
+
+  it("multiprocessing(3): processes, Pool, mprun, world, and SYNOPSIS quotes that survive groff", function()
+    assert.are.equal("", warnings("doc/multiprocessing.3"))
+    local text = render("doc/multiprocessing.3")
+    assert.truthy(text:find('local mp = require "multiprocessing"\n', 1, true), "the require line, quoted")
+    assert.truthy(text:find('mp.start_processes(fn, args, nprocs, true, false, "fork")', 1, true))
+    for _, name in ipairs { "start_processes", "ctx:join", "ctx:fileno", "mp.Pool", "pool:map", "imap_unordered",
+                            "apply_async", "mp.TimeoutError", "mprun(1)", "mp.world()", "mp.Queue", "mp.Array",
+                            "lmp_worker_main", "set_executable", "LUA_MP_NO_PIDFD_EXIT_INFO" } do
+      assert.truthy(text:find(name, 1, true), name)
+    end
+  end)
+end)
