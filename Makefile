@@ -9,6 +9,9 @@
 #   make example          the example orchestration in examples/
 #   make lint             luacheck on lua/ spec/ examples/ bench/ (.luacheckrc)
 #   make install PREFIX=/usr/local DESTDIR=...
+#                         the modules, mprun, multiprocessing.h and the man pages
+#   make uninstall PREFIX=/usr/local DESTDIR=...
+#                         removes exactly the files make install put there
 #   make clean
 
 LUA        ?= lua5.4
@@ -30,8 +33,14 @@ INSTALL_CMOD ?= $(PREFIX)/lib/lua/5.4
 INSTALL_LMOD ?= $(PREFIX)/share/lua/5.4
 endif
 INSTALL_BIN  ?= $(PREFIX)/bin
+# multiprocessing.h goes next to lua.h: under Lua's own prefix that is
+# pkg-config's includedir/lib_name_include (Debian: /usr/include/lua5.4).
+ifeq ($(PREFIX),$(LUA_PREFIX))
+INSTALL_INC  ?= $(shell $(PKG_CONFIG) --variable=includedir lua5.4)/$(shell $(PKG_CONFIG) --variable=lib_name_include lua5.4)
+else
 INSTALL_INC  ?= $(PREFIX)/include
-INSTALL_MAN  ?= $(PREFIX)/share/man/man3
+endif
+INSTALL_MAN  ?= $(PREFIX)/share/man
 
 WARNINGS = -Wall -Wextra -Werror -Wshadow -Wpointer-arith -Wcast-qual \
            -Wstrict-prototypes -Wmissing-prototypes -Wmissing-declarations \
@@ -114,25 +123,34 @@ LUACHECK ?= luacheck
 lint:
 	$(LUACHECK) -q lua spec examples bench
 
+# What install puts where; uninstall removes exactly these (and the
+# directories it made, once empty).
+LUA_MODULES := $(sort $(notdir $(wildcard lua/multiprocessing/*.lua)))
+C_MODULES    = core.so worker
+MAN_PAGES    = man1/mprun.1 man3/multiprocessing.3
+INSTALLED    = $(LUA_MODULES:%=$(INSTALL_LMOD)/multiprocessing/%) \
+               $(C_MODULES:%=$(INSTALL_CMOD)/multiprocessing/%) \
+               $(INSTALL_BIN)/mprun $(INSTALL_INC)/multiprocessing.h \
+               $(MAN_PAGES:%=$(INSTALL_MAN)/%)
+
 install: all
 	install -d $(DESTDIR)$(INSTALL_CMOD)/multiprocessing $(DESTDIR)$(INSTALL_LMOD)/multiprocessing
-	install -m 0755 $(CORE_SO) $(DESTDIR)$(INSTALL_CMOD)/multiprocessing/core.so
-	install -m 0755 $(WORKER) $(DESTDIR)$(INSTALL_CMOD)/multiprocessing/worker
-	install -m 0644 lua/multiprocessing/*.lua $(DESTDIR)$(INSTALL_LMOD)/multiprocessing/
+	install -m 0755 $(C_MODULES:%=$(BUILD)/multiprocessing/%) $(DESTDIR)$(INSTALL_CMOD)/multiprocessing/
+	install -m 0644 $(LUA_MODULES:%=lua/multiprocessing/%) $(DESTDIR)$(INSTALL_LMOD)/multiprocessing/
 	install -d $(DESTDIR)$(INSTALL_BIN)
 	printf '%s\n' '#!/usr/bin/env $(LUA)' '-- mprun, installed by make install' \
 	  'package.path = "$(INSTALL_LMOD)/?.lua;$(INSTALL_LMOD)/?/init.lua;" .. package.path' \
 	  'package.cpath = "$(INSTALL_CMOD)/?.so;" .. package.cpath' \
 	  'return require("multiprocessing.mprun").main(arg)' > $(DESTDIR)$(INSTALL_BIN)/mprun
 	chmod 0755 $(DESTDIR)$(INSTALL_BIN)/mprun
-	install -d $(DESTDIR)$(INSTALL_INC) $(DESTDIR)$(INSTALL_MAN)
+	install -d $(DESTDIR)$(INSTALL_INC) $(DESTDIR)$(INSTALL_MAN)/man1 $(DESTDIR)$(INSTALL_MAN)/man3
 	install -m 0644 src/multiprocessing.h $(DESTDIR)$(INSTALL_INC)/multiprocessing.h
-	install -m 0644 doc/multiprocessing.3 $(DESTDIR)$(INSTALL_MAN)/multiprocessing.3
+	install -m 0644 doc/mprun.1 $(DESTDIR)$(INSTALL_MAN)/man1/mprun.1
+	install -m 0644 doc/multiprocessing.3 $(DESTDIR)$(INSTALL_MAN)/man3/multiprocessing.3
 
 uninstall:
-	rm -rf $(DESTDIR)$(INSTALL_CMOD)/multiprocessing $(DESTDIR)$(INSTALL_LMOD)/multiprocessing
-	rm -f $(DESTDIR)$(INSTALL_BIN)/mprun
-	rm -f $(DESTDIR)$(INSTALL_INC)/multiprocessing.h $(DESTDIR)$(INSTALL_MAN)/multiprocessing.3
+	rm -f $(INSTALLED:%=$(DESTDIR)%)
+	rmdir $(DESTDIR)$(INSTALL_CMOD)/multiprocessing $(DESTDIR)$(INSTALL_LMOD)/multiprocessing 2>/dev/null || true
 
 clean:
 	rm -rf build build-asan
