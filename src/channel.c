@@ -943,10 +943,24 @@ static void chan_drain(lua_State *L, Chan *c, int only) {
 
 /* --- Lua side ------------------------------------------------------------ */
 
+/* What an interrupted op leaves: a message begun is lost (its readers
+** skip the rest); otherwise nothing happened. */
+static const char *interrupt_done(const char *op, int begun) {
+  if (begun) return "the message being received was lost";
+  if (strncmp(op, "put", 3) == 0) return "nothing was put";
+  if (strncmp(op, "send", 4) == 0) return "nothing was sent";
+  if (strcmp(op, "join") == 0) return "the queue was left as it was";
+  if (strncmp(op, "recv", 4) == 0 || strcmp(op, "poll") == 0)
+    return "nothing was received";
+  return "nothing was taken";
+}
+
 static int raise_status(lua_State *L, Chan *c, int st, const char *op) {
   switch (st) {
     case MP_INTERRUPT:
-      return luaL_error(L, "%s.%s: interrupted", chan_what(c), op);
+      lua_pushfstring(L, "%s.%s", chan_what(c), op);
+      return mp_raise_interrupt(L, lua_tostring(L, -1),
+                                interrupt_done(op, 0));
     case EPROTO:
       return luaL_error(L, "%s.%s: descriptors were dropped in transit "
                         "(MSG_CTRUNC: too many open files?)", chan_what(c), op);
@@ -1021,6 +1035,11 @@ static int get_impl(lua_State *L, Chan *c, double timeout, const char *op,
   in = push_inbox(L);
   mp_wait_init(&w, L, timeout);
   st = chan_read(c, in, &w);
+  if (st == MP_INTERRUPT && in->buf != NULL) {   /* the header was taken */
+    inbox_clear(in);
+    lua_pushfstring(L, "%s.%s", chan_what(c), op);
+    return mp_raise_interrupt(L, lua_tostring(L, -1), interrupt_done(op, 1));
+  }
   if (st != MP_OK) {
     inbox_clear(in);
     return push_outcome(L, c, st, op, timeout == 0 ? "empty" : "timeout");

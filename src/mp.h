@@ -19,7 +19,8 @@
 **   join.c         waiting for workers (pidfds), termination that never
 **                  blocks, the exception of the first failure, the results,
 **                  ctx:fileno()
-**   exception.c    ProcessException and its kinds, isinstance
+**   exception.c    ProcessException and its kinds, isinstance; Interrupted
+**                  (Ctrl-C in any blocking call: mp_raise_interrupt)
 **   reports.c      the memfd where workers leave errors, results and their
 **                  exit records, and the socket their descriptors come
 **                  through
@@ -237,13 +238,20 @@ void mp_context_close(lua_State *L, mp_Context *ctx, double grace);
 ** closes the reports. */
 void mp_context_finish(lua_State *L, mp_Context *ctx);
 
-/* exception.c: types are metatables named below; each has __parent. */
+/* exception.c: types are metatables named below; each kind has __parent. */
 #define MP_EXC_BASE    "multiprocessing.ProcessException"
 #define MP_EXC_RAISED  "multiprocessing.ProcessRaisedException"
 #define MP_EXC_EXITED  "multiprocessing.ProcessExitedException"
+#define MP_EXC_INTERRUPTED "multiprocessing.Interrupted"   /* no __parent */
 /* Pushes a new exception of type 'tname' whose fields are taken from the
 ** table at 'fields' (msg, error_index, error_pid, ...). */
 void mp_exception_new(lua_State *L, const char *tname, int fields);
+/* Ctrl-C ended the blocking call 'call' (its public name, "Queue.get"):
+** raises an mp.Interrupted with kind = "interrupt", signal = "SIGINT",
+** call, msg = "interrupted: SIGINT during <call>; <done>" (what the
+** library did: "nothing was taken"), and the user's call site (the first
+** frame outside the library) as where and traceback.  Never returns. */
+int  mp_raise_interrupt(lua_State *L, const char *call, const char *done);
 
 /* The most values fn(i, ...) may be given after i. */
 #define MP_MAX_ARGS 100000

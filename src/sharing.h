@@ -109,7 +109,8 @@ typedef enum mp_Status {
 
 /* A short message for a status ("timed out", strerror for an errno). */
 const char *mp_status_string(int st);
-/* Raises "what: <mp_status_string(st)>". */
+/* Raises "what: <mp_status_string(st)>"; MP_INTERRUPT as an Interrupted
+** that says "nothing was done" (mp_raise_interrupt says more). */
 int mp_status_error(lua_State *L, const char *what, int st);
 
 #define MP_SLICE 0.05   /* seconds between checks for Ctrl-C and peers */

@@ -7,7 +7,8 @@
 ** that descriptor (forked workers simply inherit it); a Barrier's action
 ** crosses beside it (nested.c).  Every blocking wait is wait.c's:
 ** deadlines, EINTR and Ctrl-C are handled there, and each ends with an
-** mp_Status.
+** mp_Status; Ctrl-C is raised as mp.Interrupted (mp_raise_interrupt),
+** saying what became of the object.
 **
 ** Locks are owned, unlike Python's: only the process that acquired a Lock
 ** may release it, and a lock whose owner died is taken over by the next
@@ -512,6 +513,9 @@ static int sync_acquire(lua_State *L, Sync *s, double t) {
       if (s->recovered) st = MP_OWNERDEAD;
     }
   }
+  if (st == MP_INTERRUPT)
+    mp_raise_interrupt(L, sync_method(L), islocklike(s->kind)
+                       ? "the lock was not acquired" : "no unit was taken");
   if (st != MP_OK && st != MP_OWNERDEAD && st != MP_TIMEOUT)
     mp_status_error(L, sync_method(L), st);
   return st;
@@ -675,6 +679,8 @@ static int event_wait(lua_State *L) {
   int st;
   mp_wait_init(&w, L, mp_opttimeout(L, 2));
   st = mp_wait_for(&w, &on);
+  if (st == MP_INTERRUPT)
+    mp_raise_interrupt(L, "Event.wait", "the event was left as it was");
   if (st != MP_OK && st != MP_TIMEOUT) mp_status_error(L, "Event.wait", st);
   lua_pushboolean(L, st == MP_OK);
   return 1;
@@ -782,7 +788,9 @@ static int cond_wait_for(lua_State *L, Sync *s, double t) {
   __atomic_store_n(&mine->state, SLOT_FREE, __ATOMIC_RELEASE);
   if (st == MP_INTERRUPT) {
     if (notified) cond_notify_slots(h, 1);   /* not ours to use: pass it on */
-    mp_status_error(L, sync_method(L), st);
+    mp_raise_interrupt(L, sync_method(L), notified
+                       ? "the lock is held again, the notification passed on"
+                       : "the lock is held again");
   }
   return notified;
 }
@@ -910,7 +918,12 @@ static int barrier_wait(lua_State *L) {
   uint32_t index = 0, gen;
   lua_settop(L, 2);
   mp_wait_init(&w, L, t);
-  if ((st = bar_lock(h, &w)) != MP_OK) goto out;
+  if ((st = bar_lock(h, &w)) != MP_OK) {
+    if (st == MP_INTERRUPT)
+      return mp_raise_interrupt(L, "Barrier.wait", "the barrier was not "
+                                "entered");
+    goto out;
+  }
   gen = h->gen;
   if (h->state == B_BROKEN)
     st = MP_BROKEN;
@@ -940,6 +953,8 @@ out:
       lua_pushnil(L);
       lua_pushstring(L, st == MP_TIMEOUT ? "timeout" : "broken");
       return 2;
+    case MP_INTERRUPT:    /* our party left: the others see it broken */
+      return mp_raise_interrupt(L, "Barrier.wait", "the barrier is broken");
     default:
       return mp_status_error(L, "Barrier.wait", st);
   }
@@ -951,8 +966,10 @@ static int barrier_change(lua_State *L, int reset) {
   mp_Wait w;
   int st;
   mp_wait_init(&w, L, -1);
-  if ((st = bar_lock(h, &w)) != MP_OK)
-    return mp_status_error(L, sync_method(L), st);
+  if (st = bar_lock(h, &w), st == MP_INTERRUPT)
+    return mp_raise_interrupt(L, sync_method(L), "the barrier was left as "
+                              "it was");
+  if (st != MP_OK) return mp_status_error(L, sync_method(L), st);
   if (!reset) bar_break(h);
   else if (h->state == B_BROKEN) bar_set(h, B_FILLING);
   /* parties waiting (or killed while waiting): they leave broken */
@@ -1174,6 +1191,8 @@ int mp_lock_enter(lua_State *L, int idx, const char *what) {
   mp_wait_init(&w, L, -1);
   st = mp_mutex_lock(&sync_hdr(s)->m, &w);
   if (st == EDEADLK) return 0;          /* ours already (a Lock) */
+  if (st == MP_INTERRUPT)
+    mp_raise_interrupt(L, what, "it was not read or written");
   if (st != MP_OK && st != MP_OWNERDEAD) mp_status_error(L, what, st);
   return 1;
 }

@@ -16,8 +16,9 @@
 ** on the main one) means an interrupt.  The wait then takes it as lstop
 ** would -- it puts the hooks back as they were when it started, so that
 ** lstop does not raise a second time after a pcall caught the first -- and
-** ends with MP_INTERRUPT, which its caller raises as "Type.method:
-** interrupted".  A host that sets hooks for other reasons sees its own
+** ends with MP_INTERRUPT, which its caller raises as an mp.Interrupted
+** ("interrupted: SIGINT during Type.method; <what became of it>",
+** mp_raise_interrupt).  A host that sets hooks for other reasons sees its own
 ** change undone only if it happens during a wait: hosts signal through
 ** their own hooks, and the same rule serves them.
 **
@@ -56,6 +57,8 @@ const char *mp_status_string(int st) {
 }
 
 int mp_status_error(lua_State *L, const char *what, int st) {
+  if (st == MP_INTERRUPT)      /* a caller that did not say what it left */
+    return mp_raise_interrupt(L, what, "nothing was done");
   return luaL_error(L, "%s: %s", what, mp_status_string(st));
 }
 

@@ -32,6 +32,10 @@ export { "start_processes", "spawn", "ProcessContext", "active_children",
 export { "ProcessException", "ProcessRaisedException",
          "ProcessExitedException", "isinstance" }
 
+-- Ctrl-C in any blocking call (not a ProcessException).  src/exception.c;
+-- spec/sync_spec.lua, spec/queue_spec.lua, spec/repl_spec.lua.
+export { "Interrupted" }
+
 -- Where the library's warnings go (stderr, or a host's handler).
 -- src/core.c; spec/embed_spec.lua.
 export { "set_warning_handler" }

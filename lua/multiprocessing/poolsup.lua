@@ -236,7 +236,7 @@ function Pool:_check()
 end
 
 function Pool:_queue_error(err)
-  if type(err) == "string" and err:find("interrupted", 1, true) then
+  if core.isinstance(err, core.Interrupted) then
     self:terminate()
     error("interrupted!", 0)
   end
