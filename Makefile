@@ -64,17 +64,26 @@ CORE_SRC = src/core.c src/args.c src/context.c src/join.c src/exception.c src/re
            src/worker.c src/start_fork.c src/start_spawn.c src/signames.c \
            src/codec.c src/fdpass.c src/shm.c src/ledger.c src/array.c \
            src/channel.c src/sync.c src/wait.c src/nested.c src/payload.c src/launch.c \
-           src/executable.c src/forkserver.c src/stdio.c src/pool.c
+           src/executable.c src/forkserver.c src/fd.c src/cpus.c src/pool.c
 CORE_OBJ = $(CORE_SRC:src/%.c=$(BUILD)/obj/%.o)
 CORE_SO  = $(BUILD)/multiprocessing/core.so
 # The worker program for embedding hosts (worker_main.c), found next to
 # core.so at run time.
 WORKER   = $(BUILD)/multiprocessing/worker
+# mprun's C, a module of its own beside the core (it uses the core's public
+# faces only): the relay, rank stdio, log files, the signalfd.
+LAUNCHER_SRC = src/launcher/launcher.c src/launcher/relay.c src/launcher/rank.c
+LAUNCHER_OBJ = $(LAUNCHER_SRC:src/%.c=$(BUILD)/obj/%.o)
+LAUNCHER_SO  = $(BUILD)/multiprocessing/launcher.so
 
 .PHONY: all test check check-asan fuzz bench example lint install uninstall clean
-all: $(CORE_SO) $(WORKER)
+all: $(CORE_SO) $(WORKER) $(LAUNCHER_SO)
 
 $(BUILD)/obj/%.o: src/%.c src/*.h
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -c -o $@ $<
+
+$(BUILD)/obj/launcher/%.o: src/launcher/%.c src/launcher/*.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
 
@@ -82,6 +91,10 @@ $(BUILD)/obj/%.o: src/%.c src/*.h
 $(CORE_SO): $(CORE_OBJ)
 	@mkdir -p $(@D)
 	$(CC) -shared $(LDSAN) $(LDFLAGS) -o $@ $(CORE_OBJ)
+
+$(LAUNCHER_SO): $(LAUNCHER_OBJ)
+	@mkdir -p $(@D)
+	$(CC) -shared $(LDSAN) $(LDFLAGS) -o $@ $(LAUNCHER_OBJ)
 
 # A program, not a module: it links liblua itself.
 $(WORKER): $(BUILD)/obj/worker_main.o
@@ -126,7 +139,7 @@ lint:
 # What install puts where; uninstall removes exactly these (and the
 # directories it made, once empty).
 LUA_MODULES := $(sort $(notdir $(wildcard lua/multiprocessing/*.lua)))
-C_MODULES    = core.so worker
+C_MODULES    = core.so launcher.so worker
 MAN_PAGES    = man1/mprun.1 man3/multiprocessing.3
 INSTALLED    = $(LUA_MODULES:%=$(INSTALL_LMOD)/multiprocessing/%) \
                $(C_MODULES:%=$(INSTALL_CMOD)/multiprocessing/%) \

@@ -667,7 +667,7 @@ end)
 
 -- mprun (issue 10), tried as the audit will.
 describe("audit: mprun", function()
-  -- Defect (lua/multiprocessing/mprun.lua / src/stdio.c; owner: mprun):
+  -- Defect (lua/multiprocessing/mprun.lua / src/launcher/; owner: mprun):
   -- `sh -c 'ulimit -n 40; scripts/mprun -n 64 -e "x=1"'` prints "mprun:
   -- cannot start rank 5: ... Too many open files" and then never exits: it
   -- sits in poll() with no child left (seen 10 minutes; SIGTERM ends it

@@ -47,6 +47,7 @@ describe("make install", function()
   it("puts the modules in lua5.4's own search dirs for the prefix", function()
     assert.matches("rc=0\n$", make(("install DESTDIR=%s PREFIX=/usr/local"):format(q(root))))
     for _, f in ipairs { "/usr/local/lib/lua/5.4/multiprocessing/core.so",
+                         "/usr/local/lib/lua/5.4/multiprocessing/launcher.so",
                          "/usr/local/lib/lua/5.4/multiprocessing/worker",
                          "/usr/local/share/lua/5.4/multiprocessing/init.lua",
                          "/usr/local/bin/mprun",
@@ -146,6 +147,7 @@ describe("make install", function()
                      :format(q(src), command, q(tree)))
     assert.matches("rc=0\n$", out)
     for _, f in ipairs { "/lib/lua/5.4/multiprocessing/core.so", "/lib/lua/5.4/multiprocessing/worker",
+                         "/lib/lua/5.4/multiprocessing/launcher.so",
                          "/share/lua/5.4/multiprocessing/init.lua", "/bin/mprun" } do
       assert.is_truthy(io.open(tree .. f), f)
     end

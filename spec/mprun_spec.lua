@@ -147,6 +147,38 @@ describe("mprun", function()
       assert.are.equal((n .. "\n"):rep(n), out)
     end)
 
+    it("-n auto, mp.cpu_count() and Pool() count the CPUs of the affinity mask", function()
+      local out, err, code = sh("taskset -c 0 " .. MPRUN .. " -n auto --no-prefix -e " .. q(H.PATHS .. [[
+        local mp = require("multiprocessing")
+        local pool = mp.Pool()
+        print(os.getenv("WORLD_SIZE"), mp.cpu_count(), pool.processes)
+        pool:close(); pool:join()]]))
+      assert.are.equal(0, code, err)
+      assert.are.equal("1\t1\t1\n", out)
+    end)
+
+    it("cpu_count() honours a cgroup v2 cpu.max quota, rounded up", function()
+      if not os.execute("unshare -m true 2>/dev/null") then
+        pending("unshare -m is not allowed here")
+        return
+      end
+      local n = tonumber(H.sh("nproc"))
+      local script = H.script([[print(require("multiprocessing").cpu_count())]])
+      local function under(max)
+        return sh(("unshare -m sh -c %s"):format(q(
+          ("mount -t tmpfs cg /sys/fs/cgroup && echo %s > /sys/fs/cgroup/cpu.max && lua5.4 %s")
+          :format(q(max), q(script)))))
+      end
+      local out, err, code = under("50000 100000")
+      assert.are.equal(0, code, err)
+      assert.are.equal("1\n", out)
+      out = under("max 100000")
+      assert.are.equal(n .. "\n", out)
+      out = under(("%d 100000"):format(n * 100000 - 1))   -- just under n: n
+      assert.are.equal(n .. "\n", out)
+      os.remove(script)
+    end)
+
     it("runs more ranks than the soft fd limit would hold; ranks keep that limit", function()
       local out, err, code = sh("ulimit -Sn 64 && " .. MPRUN .. " -n 24 --quiet --no-prefix -e "
         .. q[[local f = io.popen("ulimit -Sn"); io.write(f:read("a")); f:close()]])
@@ -541,6 +573,20 @@ echo $? > "$statusf"
     end)
   end)
 
+  it("has its C in multiprocessing.launcher, apart from the core", function()
+    local core = require "multiprocessing.core"
+    for _, name in ipairs { "_relay", "_rank_stdio", "_signalfd", "_ctx_signal", "_run_program",
+                            "_pipe", "_makedirs", "_cpus", "_nofile", "_setenv" } do
+      assert.is_nil(core[name], name)
+    end
+    local launcher = require "multiprocessing.launcher"
+    for _, name in ipairs { "_relay", "_rank_stdio", "_signalfd", "_run_program", "_pipe",
+                            "_subdir", "_create" } do
+      assert.is_function(launcher[name], name)
+    end
+    assert.is_function(core.cpu_count)
+  end)
+
   it("is installed by make install into $(PREFIX)/bin", function()
     local root = tmpdir()
     local out, err, code = sh(("make -s install PREFIX=%s"):format(q(root)))
@@ -550,6 +596,7 @@ echo $? > "$statusf"
     assert.are.equal(0, code, err)
     local want = ("%s/share/lua/5.4/multiprocessing/mprun.lua"):format(root)
     assert.are.same({ "[rank0]: " .. want, "[rank1]: " .. want }, sorted_lines(out))
+    assert.is_truthy(H.read(root .. "/lib/lua/5.4/multiprocessing/launcher.so"))
     os.execute("rm -rf " .. q(root))
   end)
 end)

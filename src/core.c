@@ -125,7 +125,8 @@ static void (*const parts[])(lua_State *L) = {
   mp_open_codec,        /* codec.c      encode, decode */
   mp_open_exception,    /* exception.c  the exception types, isinstance */
   mp_open_context,      /* context.c    start_processes, spawn, contexts */
-  mp_open_pool,         /* pool.c       cpu_count, TimeoutError, Pool's C */
+  mp_open_cpus,         /* cpus.c       cpu_count */
+  mp_open_pool,         /* pool.c       TimeoutError, Pool's C */
   mp_open_spawn,        /* start_spawn.c  a spawned worker's entry */
   mp_open_forkserver,   /* forkserver.c   the server's entry */
   mp_open_executable,   /* executable.c   set_executable, get_executable */
@@ -133,7 +134,7 @@ static void (*const parts[])(lua_State *L) = {
   mp_open_array,        /* array.c      Array, Value */
   mp_open_channel,      /* channel.c    Queue, SimpleQueue, Pipe */
   mp_open_sync,         /* sync.c       Lock ... Barrier */
-  mp_open_stdio,        /* stdio.c      mprun's descriptors and relay */
+  mp_open_fd,           /* fd.c         Fd: a descriptor that crosses (_fd) */
 };
 
 LUAMOD_API int luaopen_multiprocessing_core(lua_State *L);

@@ -58,10 +58,17 @@
 **   wait.c         every blocking wait: deadlines, futex, Ctrl-C, robust
 **                  mutexes, the statuses a wait ends with
 **
+**   fd.c           Fd: an owned descriptor that crosses to a worker (what
+**                  a launcher gives a rank as its stdout)
+**   cpus.c         cpu_count: the affinity mask and the cgroup CPU quota
+**
 ** Tools built on the library
-**   stdio.c        for mprun: pipes, log files, the output relay
-**   pool.c         for mp.Pool (pool.lua): cpu_count, the board where
-**                  workers mark their task, TimeoutError
+**   pool.c         for mp.Pool (pool.lua): the board where workers mark
+**                  their task, TimeoutError
+**   launcher/      not in core.so: multiprocessing.launcher, mprun's C
+**                  (relay, rank stdio, log files, signalfd), built from
+**                  this tree beside the core and using its public faces
+**                  only (launcher/launcher.h is its map)
 **
 ** The Lua layer is lua/multiprocessing/: init.lua lists the public names,
 ** grouped by the file that implements them; mprun.lua and world.lua are
@@ -288,7 +295,9 @@ void mp_open_pool(lua_State *L);
 void mp_open_executable(lua_State *L);
 void mp_open_forkserver(lua_State *L);
 void mp_open_spawn(lua_State *L);         /* start_spawn.c */
-void mp_open_stdio(lua_State *L);
+void mp_open_fd(lua_State *L);
+void mp_open_cpus(lua_State *L);
+int mp_cpu_count(void);   /* cpus.c: at least 1 */
 
 /* fdpass.c: descriptors over unix sockets.  At most MP_MAXFDS per message. */
 #define MP_MAXFDS 253

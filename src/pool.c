@@ -111,13 +111,6 @@ static const mp_CodecType board_codec = {BOARD_T, board_encode, board_decode};
 
 #define MP_EXC_TIMEOUT "multiprocessing.TimeoutError"
 
-/* cpu_count() -> the number of online processors (at least 1) */
-static int l_cpu_count(lua_State *L) {
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  lua_pushinteger(L, n > 0 ? n : 1);
-  return 1;
-}
-
 /* _plain(t, n) -> whether t[1..n] are all nil, booleans, numbers or
 ** strings: such a list needs no check that it can be sent. */
 static int l_plain(lua_State *L) {
@@ -186,7 +179,6 @@ void mp_open_pool(lua_State *L) {
     {"close", board_close}, {NULL, NULL}
   };
   static const luaL_Reg funcs[] = {
-    {"cpu_count", l_cpu_count},
     {"_exception", l_exception}, {"_plain", l_plain}, {"_board", l_board},
     {"_check_sendable", l_check_sendable},
     {NULL, NULL}

@@ -70,9 +70,10 @@ export { "signals" }
 -- lua/multiprocessing/world.lua; spec/mprun_spec.lua.
 M.world = require("multiprocessing.world").world
 
--- Process pools and the start method they use by default.
+-- Process pools and the start method they use by default; cpu_count (the
+-- affinity mask and the cgroup CPU quota: src/cpus.c, also mprun -n auto).
 -- lua/multiprocessing/pool.lua (+ poolcheck, fifo, poolsup, poolworker; its C:
--- src/pool.c); spec/pool_spec.lua.
+-- src/pool.c); spec/pool_spec.lua, spec/mprun_spec.lua.
 export { "cpu_count", "TimeoutError" }
 
 local start_method = "spawn"

@@ -5,12 +5,15 @@
 -- Built on the library: each rank is a worker of its own ProcessContext
 -- (start_processes with nprocs 1), so per-rank restart and teardown are
 -- natural; its error and traceback come back through the report slot.  The
--- C side (src/stdio.c) gives pipes, descriptors that cross to workers, the
--- output relay and the signalfd.  This file is the policy.
+-- C side is multiprocessing.launcher (src/launcher/): pipes, log files, the
+-- output relay and the signalfd, apart from the core, whose public faces
+-- it uses (Fd objects that cross to workers, ctx:fileno()).  This file is
+-- the policy.
 --
 --   M.main(argv) -> never returns (os.exit with mprun's status)
 --   M.parse(argv) -> options, or nil, usage message
 local core = require "multiprocessing.core"
+local launcher = require "multiprocessing.launcher"
 local mp = require "multiprocessing"
 local cluster = require "multiprocessing.cluster"
 local world = require "multiprocessing.world"
@@ -60,6 +63,8 @@ or 128 + its signal number; 124 on --timeout; 130/143 on SIGINT/SIGTERM;
 ]]
 
 local START_METHODS = { spawn = true, forkserver = true, fork = true }
+local SIGNAL_NAME = {}
+for name, num in pairs(core.signals) do SIGNAL_NAME[num] = name end
 local STATUS_PERIOD = 0.2          -- at most 5 status lines a second
 local EXIT_TIMEOUT = 124           -- as timeout(1)
 
@@ -198,7 +203,7 @@ local function check(o)
   if what > 1 then usage_error("give one of: a script, -e code, -- program") end
   if o.nprocs == "auto" then
     o.auto = true
-    o.nprocs = core._cpus()
+    o.nprocs = core.cpu_count()
   else
     o.nprocs = integer("-n/--nprocs", o.nprocs or "1", 1)
   end
@@ -225,7 +230,7 @@ local function check(o)
   end
   o.run_id = o.run_id or job_run_id(o.node) or fresh_run_id()
   if o.log_dir then
-    local ok, err = core._makedirs(o.log_dir)
+    local ok, err = launcher._makedirs(o.log_dir)
     if o.log_dir == "" or not ok then usage_error("--log-dir: %s", err or "empty") end
   end
   o.prefix = o.nprocs > 1 and not o.no_prefix
@@ -252,7 +257,7 @@ end
 -- runs the script, the chunk or the program; errors reach the launcher
 -- through the report, with their traceback.
 local function rank_main(_, job)
-  local c = require "multiprocessing.core"
+  local c = require "multiprocessing.launcher"
   c._rank_stdio(job.stdin, job.stdout, job.stderr, job.linebuf)
   c._nofile(job.nofile)   -- the limit mprun was given, not the one it raised
   for name, value in pairs(job.env) do c._setenv(name, value) end
@@ -295,7 +300,7 @@ end
 --- A directory of the log tree, made (or, 'fresh' false, taken) through
 -- its parent's descriptor; refuses links and what is not ours.
 local function log_subdir(parent, name, fresh, path)
-  local dir, why, reason = core._subdir(parent, name, fresh)
+  local dir, why, reason = launcher._subdir(parent, name, fresh)
   if dir then return dir end
   if reason == "exists" then
     error(("--log-dir: %s exists already: mprun makes the directories of each attempt "
@@ -309,7 +314,7 @@ end
 -- directory every attempt's directory is made in.
 function Run:open_logs()
   local o = self.o
-  local root, why = core._opendir(o.log_dir)
+  local root, why = launcher._opendir(o.log_dir)
   if not root then error(("--log-dir: cannot open %s: %s"):format(o.log_dir, why), 0) end
   self.log_path = o.log_dir .. "/" .. o.run_id
   local ok, dir = pcall(log_subdir, root, o.run_id, false, self.log_path)
@@ -355,16 +360,16 @@ function Run:stream(rank, stream)
   if o.log_dir then
     local name = stream == 1 and "stdout.log" or "stderr.log"
     local why
-    file, why = core._create(rank.log_dir, name)
+    file, why = launcher._create(rank.log_dir, name)
     if not file then
       error(("--log-dir: cannot create %s/attempt_%d/%d/%s: %s"):format(
         self.log_path, rank.restarts, rank.global, name, why), 0)
     end
   end
   if not shown(o, rank.global) then
-    return file or assert(core._open("/dev/null", "w"))
+    return file or assert(launcher._open("/dev/null", "w"))
   end
-  local r, w = core._pipe()
+  local r, w = launcher._pipe()
   rank.sources[#rank.sources + 1] =
     self.relay:add(r, stream, o.prefix and ("[rank%d]: "):format(rank.global) or nil, file)
   return w
@@ -397,16 +402,26 @@ function Run:start(rank)
   local o = self.o
   rank.sources, rank.stopping, rank.timed_out, rank.kill_at = {}, false, false, nil
   local job = {
-    stdin = self.stdin and core._open("/dev/null", "r") or nil,
     env = self:env(rank), program = o.program, script = o.script,
     code = o.code, args = o.args, arg = self.arg, linebuf = self.linebuf,
     nofile = self.nofile,
   }
-  if o.log_dir then self:rank_dir(rank) end
-  job.stdout = self:stream(rank, 1)
-  job.stderr = self:stream(rank, 2)
-  local ok, ctx = pcall(mp.start_processes, rank_main, { job }, 1, false, false,
-                        o.start_method)
+  local ok, ctx = pcall(function()
+    job.stdin = self.stdin and launcher._open("/dev/null", "r") or nil
+    if o.log_dir then self:rank_dir(rank) end
+    job.stdout = self:stream(rank, 1)
+    job.stderr = self:stream(rank, 2)
+    -- through pcall: the core's message without a position of ours
+    local started, c = pcall(mp.start_processes, rank_main, { job }, 1, false, false,
+                             o.start_method)
+    if not started then error(c, 0) end
+    local fine, fd = pcall(c.fileno, c)
+    if not fine then
+      c:close(0)
+      error(fd, 0)
+    end
+    return c, fd
+  end)
   for _, k in ipairs { "stdin", "stdout", "stderr" } do
     if job[k] then job[k]:close() end   -- the worker has its own copies
   end
@@ -416,7 +431,7 @@ function Run:start(rank)
   end
   rank.ctx, rank.pid, rank.state = ctx, ctx:pids()[1], "running"
   rank.started = core._now()
-  self.contexts[rank.r + 1] = ctx
+  self.fds[rank.r + 1] = ctx:fileno()
 end
 
 function Run:start_all()
@@ -427,6 +442,14 @@ function Run:start_all()
   end
 end
 
+--- SIGTERM or SIGKILL to the rank's worker and its process group (the
+-- process handle's terminate/kill); one that has just exited is left to
+-- the loop.
+local function signal_rank(rank, sig)
+  local p = rank.ctx.processes[1]
+  pcall(sig == "SIGKILL" and p.kill or p.terminate, p)
+end
+
 --- SIGTERM (or 'sig') to every running rank, SIGKILL after the grace.
 -- A rank that has already exited is left for the loop to judge: it failed
 -- (or not) on its own, before we signalled it.
@@ -435,7 +458,7 @@ function Run:teardown(sig)
     if rank.ctx and (not rank.stopping or sig == "SIGKILL") then
       if rank.ctx.processes[1]:is_alive() then
         rank.stopping = true
-        core._ctx_signal(rank.ctx, sig or "SIGTERM")
+        signal_rank(rank, sig or "SIGTERM")
       else
         self.dead[#self.dead + 1] = rank
       end
@@ -481,7 +504,7 @@ function Run:exited(rank)
   for _, id in ipairs(rank.sources) do self.relay:drain(id) end
   rank.ctx:close(0)
   rank.ctx = nil
-  self.contexts[rank.r + 1] = false
+  self.fds[rank.r + 1] = false
   if ok then
     rank.state = "done"
     return
@@ -535,12 +558,12 @@ function Run:tick(now)
     if rank.ctx and not rank.stopping and now - rank.started >= limit then
       rank.timed_out = true
       rank.stopping = true
-      core._ctx_signal(rank.ctx, "SIGTERM")
+      signal_rank(rank, "SIGTERM")
       rank.kill_at = now + self.o.grace_period
     end
     if rank.ctx and rank.kill_at and now >= rank.kill_at then
       rank.kill_at = nil
-      core._ctx_signal(rank.ctx, "SIGKILL")
+      signal_rank(rank, "SIGKILL")
     end
   end
 end
@@ -699,18 +722,19 @@ end
 function M.run(o)
   local self = setmetatable({
     o = o, attempt = 0, restarts = 0, ranks = {},
-    contexts = { n = o.nprocs },
+    fds = { n = o.nprocs },   -- each rank's ctx:fileno(), or false
     failures = {}, dead = {}, arg = o.program == nil and lua_arg(o) or nil,
     stdin = core._isatty(0), linebuf = core._isatty(1), t0 = core._now(), drawn = -math.huge,
     status = not o.quiet and core._isatty(2),
   }, Run)
-  self.sigfd = core._signalfd("SIGINT", "SIGTERM", "SIGHUP", "SIGPIPE")
-  self.nofile = core._nofile()   -- each rank costs mprun about 5 descriptors
-  self.relay = core._relay(1, 2, 2)
+  local S = core.signals
+  self.sigfd = launcher._signalfd(S.SIGINT, S.SIGTERM, S.SIGHUP, S.SIGPIPE)
+  self.nofile = launcher._nofile()   -- each rank costs mprun about 7 descriptors
+  self.relay = launcher._relay(1, 2, 2)
   for r = 0, o.nprocs - 1 do
     self.ranks[r + 1] = { r = r, global = o.first_rank + r, restarts = 0, state = "running",
                           sources = {} }
-    self.contexts[r + 1] = false
+    self.fds[r + 1] = false
   end
   self.attempt_started = self.t0
   if o.log_dir then
@@ -736,7 +760,8 @@ function M.run(o)
     local now = core._now()
     -- a rank found dead already (teardown reaped it) has no pidfd to wake us
     local wake = #self.dead > 0 and 0 or self:next_wake(now)
-    local exited, sig = self.relay:wait(wake, self.contexts, self.sigfd)
+    local exited, signum = self.relay:wait(wake, self.fds, self.sigfd)
+    local sig = signum and SIGNAL_NAME[signum]
     for _, i in ipairs(exited) do self.dead[#self.dead + 1] = self.ranks[i] end
     while #self.dead > 0 do
       local rank = table.remove(self.dead, 1)
