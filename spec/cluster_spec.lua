@@ -410,9 +410,9 @@ describe("mprun under an engine", function()
       { with(OPENMPI, { OMPI_COMM_WORLD_SIZE = "3" }), "-n 2",
         "openmpi started 3 copies of mprun on 2 nodes" },
       { SLURM, "-n auto", "-n auto on 2 nodes" },
-      { {}, "--nnodes 2 --node-rank 2", "node rank 2 is out of range for 2 nodes" },
+      { {}, "--nnodes 2 --node-rank 2", "--node-rank 2 is out of range for 2 nodes (--nnodes 2)" },
       { {}, "--nnodes 0", "--nnodes must be an integer >= 1" },
-      { {}, "--nnodes 2", "nnodes 2 without node_rank" },
+      { {}, "--nnodes 2", "--nnodes 2 without --node-rank: say which node this is" },
       { {}, "--master-addr ''", "--master-addr must not be empty" },
     } do
       local out, err, code = mprun(c[1], c[2] .. " " .. touch)

@@ -206,9 +206,9 @@ describe("mprun", function()
       assert.are.equal(9, code)
       assert.matches("Root cause", err)
       assert.matches("exit code  : 9", err, 1, true)
-      _, err, code = mprun("-- /nonexistent/program")
-      assert.are.equal(1, code)
-      assert.matches("cannot run /nonexistent/program", err, 1, true)
+      _, err, code = mprun("-- /nonexistent/program")   -- checked before any rank starts
+      assert.are.equal(127, code)
+      assert.are.equal("mprun: /nonexistent/program: No such file or directory (nothing was started)\n", err)
     end)
   end)
 
@@ -348,6 +348,59 @@ describe("mprun", function()
       end)
     end
 
+    it("says each failure and restart, keeps error.json and events.jsonl, names the log dir", function()
+      local script = dir .. "/train.lua"
+      H.write(script, [[
+local function step()
+  if os.getenv("RANK") == "2" and os.getenv("MP_RESTART_COUNT") ~= "2" then
+    error("loss is NaN")
+  end
+end
+print("rank " .. os.getenv("RANK"))
+step()
+]])
+      local out, err, code = mprun(("-n 4 --max-restarts 2 --log-dir %s --tee --run-id R %s")
+                                   :format(q(dir), q(script)))
+      assert.are.equal(0, code, err)
+      assert.is_true(#sorted_lines(out) >= 4)
+      local lines = {}
+      for l in err:gmatch("[^\n]+") do lines[#lines + 1] = l end
+      local where = script .. ":3: loss is NaN"
+      assert.are.same({
+        "mprun: rank 2 failed (exit 1: " .. where .. "); restart 1 of 2 (group)",
+        "mprun: rank 2 failed (exit 1: " .. where .. "); restart 2 of 2 (group)",
+      }, { lines[1], lines[2] })
+      assert.matches("^mprun: 4 ranks finished %(run id R, 2 restarts", lines[3])
+      assert.are.equal("mprun: logs in " .. dir .. "/R/", lines[4])
+      for k = 0, 1 do
+        local rec = H.read(("%s/R/attempt_%d/2/error.json"):format(dir, k))
+        assert.is_truthy(rec, "error.json of attempt " .. k)
+        assert.matches('"exit_code":1', rec, 1, true)
+        assert.matches('"attempt":' .. k, rec, 1, true)
+        assert.matches('"message":"' .. where .. '"', rec, 1, true)
+        assert.matches("in local 'step'", rec, 1, true)   -- the traceback
+        assert.matches('"started":"%d+%-%d+%-%d+T', rec)
+        assert.matches('"ended":"%d+%-%d+%-%d+T', rec)
+      end
+      assert.is_nil(H.read(dir .. "/R/attempt_2/2/error.json"))
+      assert.is_nil(H.read(dir .. "/R/attempt_0/1/error.json"))
+      local events = H.read(dir .. "/R/events.jsonl")
+      assert.matches('^{"event":"run"', events)
+      assert.are.equal(2, select(2, events:gsub('"event":"failed"', "")))
+      assert.are.equal(2, select(2, events:gsub('"event":"restart"', "")))
+      assert.matches('{"event":"end","restarts":2,"status":0,', events, 1, true)
+    end)
+
+    it("says a rank restart as such, and the last failure without one", function()
+      local _, err, code = mprun(("-n 2 --restart rank --max-restarts 1 --log-dir %s --run-id Q -e %s")
+        :format(q(dir), q[[if os.getenv("RANK") == "1" then os.exit(5) end]]))
+      assert.are.equal(5, code)
+      assert.matches("mprun: rank 1 failed (exit 5); restart 1 of 1 (rank)\n", err, 1, true)
+      assert.matches("mprun: rank 1 failed (exit 5)\n", err, 1, true)
+      assert.matches("mprun: logs in " .. dir .. "/Q/\n", err, 1, true)
+      assert.is_truthy(H.read(dir .. "/Q/attempt_1/1/error.json"))
+    end)
+
     it("restarts only the failed rank with --restart rank", function()
       local _, err, code = mprun(("-n 3 --restart rank --max-restarts 2 --log-dir %s "
         .. "--run-id P -e %s"):format(q(dir), q[[
@@ -420,6 +473,7 @@ echo $? > "$statusf"
       os.execute(("sh %s %s %s %s >/dev/null 2>%s </dev/null &")
                  :format(runner, pidf, statusf, args, errf))
       local pid = H.wait_pids(pidf)[1]
+      local function err_now() return H.read(errf) or "" end
       return pid, function()
         local st = H.eventually(function()
           local t = H.read(statusf)
@@ -428,7 +482,7 @@ echo $? > "$statusf"
         local err = H.read(errf)
         for _, f in ipairs { runner, pidf, statusf, errf } do os.remove(f) end
         return tonumber(st), err
-      end
+      end, err_now
     end
 
     -- Waits for n lines in 'marker' (each rank adds one); returns them.
@@ -457,14 +511,20 @@ echo $? > "$statusf"
       -- the ranks outlive SIGTERM (they note it and sleep on): only the
       -- second SIGINT, sent once both noted the first, can end them
       local marker = os.tmpname()
-      local pid, status = background(("--grace-period 600 -n 2 -- sh -c %s"):format(
+      local pid, status, err_now = background(("--grace-period 600 -n 2 -- sh -c %s"):format(
         q(("trap 'echo term >> %s' TERM; echo up >> %s; while :; do sleep 30.64; done")
           :format(marker, marker))))
       assert.is_truthy(until_started(marker, 2))
       os.execute("kill -INT " .. pid)
       assert.is_truthy(until_started(marker, 4))
+      -- said at once, while the ranks still run
+      local said = "mprun: SIGINT: sent SIGTERM to 2 ranks; SIGKILL in 600 s; Ctrl-C again to kill now\n"
+      assert.is_truthy(H.eventually(function() return err_now():find(said, 1, true) end, 20),
+                       err_now())
       os.execute("kill -INT " .. pid)
-      assert.are.equal(130, status())
+      local code, err = status()
+      assert.are.equal(130, code)
+      assert.are.equal(1, select(2, err:gsub("SIGKILL in 600 s", "")), err)
       assert.is_true(gone("^sleep 30%.64"))
       os.remove(marker)
     end)
@@ -536,6 +596,34 @@ echo $? > "$statusf"
       end)
     end
 
+    local before = {
+      { "a shell script without --", "./prog.sh", 2, "to run a program, put it after '--': mprun -n 2 -- ./prog.sh" },
+      { "a command without --", "echo hi", 2, "to run a program, put it after '--': mprun -n 2 -- echo hi" },
+      { "a script that does not load", "bad.lua", 2, "the script does not load: bad.lua:1:" },
+      { "a directory as the script", "adir", 2, "the script does not load: cannot read adir" },
+      { "-e code that does not load", "-e 'x = = 1'", 2, "-e: the code does not load:" },
+      { "a program not found", "-- no-such-program-4711", 127, "no-such-program-4711: command not found" },
+      { "a program that is not executable", "-- ./bad.lua", 126, "./bad.lua: Permission denied" },
+      { "--tee without --log-dir", "--tee -e 'x = 1'", 2, "--tee needs --log-dir" },
+    }
+    for _, case in ipairs(before) do
+      it("checks before starting: " .. case[1] .. " -> one message, status " .. case[3], function()
+        local dir = tmpdir()
+        H.write(dir .. "/prog.sh", "#!/bin/sh\necho ran >> " .. marker .. "\n")
+        os.execute("chmod +x " .. q(dir .. "/prog.sh") .. " && mkdir " .. q(dir .. "/adir"))
+        H.write(dir .. "/bad.lua", "x = = 1\n")
+        local out, err, code = sh(("cd %s && %s/scripts/mprun -n 2 %s"):format(
+          q(dir), q(H.sh("pwd"):gsub("%s+$", "")), case[2]))
+        os.execute("rm -rf " .. q(dir))
+        assert.are.equal(case[3], code, err)
+        assert.are.equal("", out)
+        assert.matches(case[4], err, 1, true)
+        local said = select(2, ("\n" .. err):gsub("\nmprun: ", ""))
+        assert.is_true(said == 1 or (said == 2 and err:find("put it after", 1, true) ~= nil), err)
+        assert.is_nil(H.read(marker))
+      end)
+    end
+
     it("--help documents every option", function()
       local out, _, code = mprun("--help")
       assert.are.equal(0, code)
@@ -562,6 +650,33 @@ echo $? > "$statusf"
         assert.is_truthy(before == "\r\27[K" or before:sub(-1) == "\n", before)
       end
       assert.is_falsy(out:find("running[^\r\n]*%[rank"), "a rank's line joined the status")
+    end)
+
+    it("counts down to SIGKILL after a Ctrl-C", function()
+      local marker, out = os.tmpname(), os.tmpname()
+      local cmd = MPRUN .. " --grace-period 601 -n 2 -- sh -c " .. q(
+        ("trap '' TERM; echo up >> %s; while :; do sleep 30.65; done"):format(marker))
+      os.execute(("script -q -e -c %s %s >/dev/null 2>&1 </dev/null &"):format(q(cmd), q(out)))
+      assert.is_truthy(H.eventually(function()
+        return select(2, (H.read(marker) or ""):gsub("up", "")) >= 2
+      end, 20))
+      local mprun_pid = H.eventually(function()
+        return matching("^lua5%.4 %./scripts/mprun %-%-grace%-period 601")[1]
+      end, 20)
+      assert.is_truthy(mprun_pid)
+      os.execute("kill -INT " .. mprun_pid)
+      local shown = H.eventually(function()
+        local t = H.read(out) or ""
+        return t:find("SIGINT: 2 running, SIGKILL in 60%d s") and t
+      end, 20)
+      os.execute("kill -INT " .. mprun_pid)
+      assert.is_true(gone("^sleep 30%.65"))
+      assert.is_truthy(H.eventually(function() return #matching("scripts/mprun %-%-grace%-period 601") == 0 end, 20))
+      assert.is_truthy(shown, H.read(out))
+      assert.matches("mprun: SIGINT: sent SIGTERM to 2 ranks; SIGKILL in 601 s; Ctrl-C again to kill now",
+                     shown, 1, true)
+      os.remove(marker)
+      os.remove(out)
     end)
 
     it("is not drawn with --quiet or when stderr is not a terminal", function()

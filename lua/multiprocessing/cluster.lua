@@ -279,15 +279,22 @@ end
 
 local ENGINES = { torchrun, openmpi, hydra, slurm }
 
+--- An override's name in messages: the caller's own (overrides.names:
+-- mprun's --node-rank), else the key.
+local function named(o, k)
+  return o.names and o.names[k] or k
+end
+
 local function check_overrides(o)
   for _, k in ipairs { "nnodes", "node_rank" } do
     local v = o[k]
     if v ~= nil and (math.type(v) ~= "integer" or v < (k == "nnodes" and 1 or 0)) then
-      fail("%s must be a whole number >= %d, got %s", k, k == "nnodes" and 1 or 0, tostring(v))
+      fail("%s must be a whole number >= %d, got %s", named(o, k), k == "nnodes" and 1 or 0,
+           tostring(v))
     end
   end
   if o.master_addr ~= nil and (type(o.master_addr) ~= "string" or o.master_addr == "") then
-    fail("master_addr must be a non-empty string")
+    fail("%s must be a non-empty string", named(o, "master_addr"))
   end
 end
 
@@ -315,12 +322,16 @@ function M.detect(env, overrides, sys)
   facts.group_world_size = overrides.nnodes or facts.group_world_size
   facts.group_rank = overrides.node_rank or facts.group_rank
   if facts.group_rank >= facts.group_world_size then
-    fail("node rank %d is out of range for %d node%s", facts.group_rank,
-         facts.group_world_size, facts.group_world_size == 1 and "" or "s")
+    fail("%s %d is out of range for %d node%s%s",
+         overrides.node_rank and overrides.names and named(overrides, "node_rank") or "node rank",
+         facts.group_rank, facts.group_world_size, facts.group_world_size == 1 and "" or "s",
+         overrides.nnodes and overrides.names
+           and (" (%s %d)"):format(named(overrides, "nnodes"), overrides.nnodes) or "")
   end
   if overrides.nnodes and overrides.nnodes > 1 and facts.launcher == "mprun"
      and not overrides.node_rank then
-    fail("nnodes %d without node_rank: say which node this is", overrides.nnodes)
+    fail("%s %d without %s: say which node this is", named(overrides, "nnodes"),
+         overrides.nnodes, named(overrides, "node_rank"))
   end
   facts.master_addr = overrides.master_addr or get("MASTER_ADDR") or facts.master_addr
   if not facts.master_addr and (facts.group_world_size == 1 or facts.launcher == "mprun") then

@@ -59,7 +59,10 @@ GROUP_RANK * N + LOCAL_RANK with GROUP_RANK the node's index from the engine;
 --ranks, the "[rankN]: " prefixes and the log files use RANK.
 Exit status: 0 when every rank exited 0; else the first failure's exit code,
 or 128 + its signal number; 124 on --timeout; 130/143 on SIGINT/SIGTERM;
-2 on bad usage.
+2 on bad usage or a script that does not load; 127 (126) when the program
+after -- is not found (not runnable).  Each failure and restart is said on
+stderr as it happens; with --log-dir, a failed rank's error.json and the
+run's events.jsonl are kept beside the logs.
 ]]
 
 local START_METHODS = { spawn = true, forkserver = true, fork = true }
@@ -72,6 +75,12 @@ local EXIT_TIMEOUT = 124           -- as timeout(1)
 
 local function usage_error(fmt, ...)
   error({ usage = fmt:format(...) }, 0)
+end
+
+--- A check before anything starts that is not about the options: its own
+-- exit status (127, 126 as a shell's), no "Try --help".
+local function refuse(status, fmt, ...)
+  error({ usage = fmt:format(...), status = status }, 0)
 end
 
 local function integer(name, value, min)
@@ -105,6 +114,8 @@ local function rank_set(spec, n)
   end
   return set
 end
+
+local check_what   -- below
 
 -- Options that take a value: name -> the field it sets.
 local VALUED = {
@@ -171,6 +182,7 @@ local function node_of(o)
     nnodes = o.nnodes and integer("--nnodes", o.nnodes, 1),
     node_rank = o.node_rank and integer("--node-rank", o.node_rank, 0),
     master_addr = o.master_addr,
+    names = { nnodes = "--nnodes", node_rank = "--node-rank", master_addr = "--master-addr" },
   }
   local ok, node = pcall(world.node, overrides)
   if not ok then usage_error("%s", (tostring(node):gsub("^multiprocessing%.cluster: ", ""))) end
@@ -195,12 +207,46 @@ local function job_run_id(node)
   return (node.launcher .. "-" .. node.job_id):gsub("[^%w._-]", "_")
 end
 
+--- "put it after --" when the script named looks like a program: a file
+-- that is executable, or a command found in PATH.
+local function program_hint(o, raw_n)
+  if not launcher._executable(o.script) then return "" end
+  local words = { o.script }
+  for _, a in ipairs(o.args) do
+    words[#words + 1] = a:match("^[%w%./_=:,+-]+$") and a or ("'" .. a:gsub("'", "'\\''") .. "'")
+  end
+  return ("\nmprun: to run a program, put it after '--': mprun -n %s -- %s")
+    :format(raw_n or "1", table.concat(words, " "))
+end
+
+--- What is to run loads (a script, -e code) or can be run (a program),
+-- before N copies of it start.
+function check_what(o)
+  if o.code then
+    local chunk, err = load(o.code, "=(command line)")
+    if not chunk then usage_error("-e: the code does not load: %s", err) end
+  elseif o.script then
+    local f, err = io.open(o.script, "r")
+    if not f then usage_error("cannot read the script: %s%s", err, program_hint(o, o.raw_n)) end
+    f:close()
+    local chunk
+    chunk, err = loadfile(o.script)
+    if not chunk then
+      usage_error("the script does not load: %s%s", err, program_hint(o, o.raw_n))
+    end
+  elseif o.program then
+    local ok, err, status = launcher._executable(o.program[1])
+    if not ok then refuse(status, "%s (nothing was started)", err) end
+  end
+end
+
 --- Options, checked: everything a run needs, or raises {usage = message}.
 local function check(o)
   if o.help then return o end
   local what = (o.script and 1 or 0) + (o.code and 1 or 0) + (o.program and 1 or 0)
   if what == 0 then usage_error("no script, -e code or -- program given") end
   if what > 1 then usage_error("give one of: a script, -e code, -- program") end
+  o.raw_n = o.nprocs
   if o.nprocs == "auto" then
     o.auto = true
     o.nprocs = core.cpu_count()
@@ -233,20 +279,21 @@ local function check(o)
     local ok, err = launcher._makedirs(o.log_dir)
     if o.log_dir == "" or not ok then usage_error("--log-dir: %s", err or "empty") end
   end
-  o.prefix = o.nprocs > 1 and not o.no_prefix
-  if o.script then
-    local f, err = io.open(o.script, "r")
-    if not f then usage_error("cannot read the script: %s", err) end
-    f:close()
+  if o.tee and not o.log_dir then
+    usage_error("--tee needs --log-dir (without --log-dir the output goes to the console only)")
   end
+  o.prefix = o.nprocs > 1 and not o.no_prefix
+  check_what(o)
   return o
 end
 
 --- parse(argv) -> options, or nil and the usage message.
+-- A check before start that failed gives its exit status as well (127:
+-- the program is not found, 126: not runnable).
 function M.parse(argv)
   local ok, o = pcall(function() return check(scan(argv)) end)
   if ok then return o end
-  if type(o) == "table" and o.usage then return nil, o.usage end
+  if type(o) == "table" and o.usage then return nil, o.usage, o.status end
   error(o, 0)
 end
 
@@ -257,6 +304,8 @@ end
 -- runs the script, the chunk or the program; errors reach the launcher
 -- through the report, with their traceback.
 local function rank_main(_, job)
+  local mpcore = require "multiprocessing.core"
+  if mpcore._set_title then mpcore._set_title(job.title) end   -- what ps and top show
   local c = require "multiprocessing.launcher"
   c._rank_stdio(job.stdin, job.stdout, job.stderr, job.linebuf)
   c._nofile(job.nofile)   -- the limit mprun was given, not the one it raised
@@ -288,6 +337,34 @@ local function lua_arg(o)
 end
 
 -- ------------------------------------------------------------- the run
+
+-- ------------------------------------------------------- records (JSON)
+
+local JSON_ESC = { ['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t" }
+
+--- A flat record as one line of JSON: strings, numbers, booleans (keys
+-- sorted, so that the lines are stable).
+local function json(t)
+  local keys, out = {}, {}
+  for k in pairs(t) do keys[#keys + 1] = k end
+  table.sort(keys)
+  for _, k in ipairs(keys) do
+    local v = t[k]
+    if type(v) == "string" then
+      v = '"' .. v:gsub('[%c"\\]', function(c)
+        return JSON_ESC[c] or ("\\u%04x"):format(c:byte())
+      end) .. '"'
+    elseif math.type(v) == "float" then
+      v = v ~= v and "null" or ("%.17g"):format(v)
+    else
+      v = tostring(v)
+    end
+    out[#out + 1] = ('"%s":%s'):format(k, v)
+  end
+  return "{" .. table.concat(out, ",") .. "}"
+end
+
+local function iso(t) return os.date("!%Y-%m-%dT%H:%M:%SZ", math.floor(t)) end
 
 local Run = {}
 Run.__index = Run
@@ -405,6 +482,8 @@ function Run:start(rank)
     env = self:env(rank), program = o.program, script = o.script,
     code = o.code, args = o.args, arg = self.arg, linebuf = self.linebuf,
     nofile = self.nofile,
+    title = ("mprun[%d/%d] %s"):format(rank.global, o.node.group_world_size * o.nprocs,
+                                       self.what),
   }
   local ok, ctx = pcall(function()
     job.stdin = self.stdin and launcher._open("/dev/null", "r") or nil
@@ -430,8 +509,9 @@ function Run:start(rank)
     error(("cannot start rank %d: %s"):format(rank.r, tostring(ctx)), 0)
   end
   rank.ctx, rank.pid, rank.state = ctx, ctx:pids()[1], "running"
-  rank.started = core._now()
+  rank.started, rank.started_wall = core._now(), os.time()
   self.fds[rank.r + 1] = ctx:fileno()
+  self:event { event = "started", rank = rank.global, attempt = rank.restarts, pid = rank.pid }
 end
 
 function Run:start_all()
@@ -454,9 +534,11 @@ end
 -- A rank that has already exited is left for the loop to judge: it failed
 -- (or not) on its own, before we signalled it.
 function Run:teardown(sig)
+  local n = 0
   for _, rank in ipairs(self.ranks) do
     if rank.ctx and (not rank.stopping or sig == "SIGKILL") then
       if rank.ctx.processes[1]:is_alive() then
+        n = n + 1
         rank.stopping = true
         signal_rank(rank, sig or "SIGTERM")
       else
@@ -468,12 +550,13 @@ function Run:teardown(sig)
   if sig ~= "SIGKILL" and not self.kill_at then
     self.kill_at = core._now() + self.o.grace_period
   end
+  return n
 end
 
 --- A failure as the summary shows it, from the rank's exception.
 local function failure_of(rank, e, timeout)
   local f = { rank = rank.r, pid = rank.pid, restarts = rank.restarts,
-              time = os.time() }
+              time = os.time(), started = rank.started_wall }
   if timeout then
     f.timeout = timeout
     return f
@@ -487,14 +570,75 @@ local function failure_of(rank, e, timeout)
   end
   if mp.isinstance(e, mp.ProcessRaisedException) then
     f.traceback = tostring(e.msg):gsub("^%s*%-%- Process %d+ terminated with the following error:\n", "")
+    f.message = type(e.message) == "string" and e.message or nil
   elseif type(e) ~= "userdata" then
     f.traceback = tostring(e)
+  end
+  if not f.message and f.traceback then   -- its first line that is not a frame
+    for line in (f.traceback .. "\n"):gmatch("(.-)\n") do
+      if line ~= "" and not line:find("^\t") and line ~= "stack traceback:" then
+        f.message = line
+        break
+      end
+    end
   end
   return f
 end
 
-function Run:failed(f)
+--- How a failure ended, in a few words: "exit 1: train.lua:12: loss is
+-- NaN", "SIGSEGV", "timeout after 5s".
+local function how(f)
+  if f.timeout then return ("timeout after %gs"):format(f.timeout) end
+  if f.signal then return f.signal end
+  local msg = f.message and (": " .. f.message:match("^[^\n]*")) or ""
+  return ("exit %d%s"):format(f.exit_code, msg)
+end
+
+--- A failure that counts: recorded, said on stderr (one line), written
+-- to the log dir.  'restart' (true when a restart follows) adds "restart
+-- k of K (group|rank)".
+function Run:failed(f, restart)
   if self.root == nil then self.root = f else self.failures[#self.failures + 1] = f end
+  self:tell(f, restart)
+end
+
+--- Says a failure: one line on stderr, an event, error.json.
+function Run:tell(f, restart)
+  local o = self.o
+  local who = f.rank == "all" and ("attempt %d"):format(f.restarts)
+              or ("rank %d"):format(o.first_rank + f.rank)
+  local line = ("mprun: %s failed (%s)"):format(who, how(f))
+  if restart then
+    line = line .. ("; restart %d of %d (%s)"):format(restart, o.max_restarts, o.restart)
+  end
+  self:say(line .. "\n")
+  self:event { event = "failed", rank = f.rank == "all" and -1 or o.first_rank + f.rank,
+               attempt = f.restarts, exit_code = f.exit_code, signal = f.signal,
+               timeout = f.timeout, message = f.message, restart = restart }
+  self:error_json(f)
+end
+
+--- attempt_<k>/<rank>/error.json: the whole failure record of a rank.
+function Run:error_json(f)
+  local rank = f.rank ~= "all" and self.ranks[f.rank + 1]
+  if not (self.o.log_dir and rank and rank.log_dir) then return end
+  local file = launcher._create(rank.log_dir, "error.json")
+  if not file then return end
+  launcher._write(file, json {
+    rank = self.o.first_rank + f.rank, local_rank = f.rank, attempt = f.restarts,
+    pid = f.pid, host = self.o.node.host, exit_code = f.exit_code, signal = f.signal,
+    timeout = f.timeout, message = f.message, traceback = f.traceback,
+    started = f.started and iso(f.started), ended = iso(f.time),
+    run_id = self.o.run_id,
+  } .. "\n")
+  file:close()
+end
+
+--- One line of the run's events.jsonl (with --log-dir).
+function Run:event(t)
+  if not self.events then return end
+  t.time = iso(os.time())
+  launcher._write(self.events, json(t) .. "\n")
 end
 
 --- A rank's worker exited: reap it, take its last output, decide.
@@ -507,6 +651,7 @@ function Run:exited(rank)
   self.fds[rank.r + 1] = false
   if ok then
     rank.state = "done"
+    self:event { event = "exited", rank = rank.global, attempt = rank.restarts, exit_code = 0 }
     return
   end
   if rank.stopping and not rank.timed_out then
@@ -518,12 +663,15 @@ function Run:exited(rank)
   local o = self.o
   if o.restart == "rank" and rank.restarts < o.max_restarts and not self.signal
      and not self.final then
+    self:tell(f, rank.restarts + 1)   -- restarted: not one of the run's failures
     self.restarts = self.restarts + 1
     rank.restarts = rank.restarts + 1
     self:start(rank)
     return
   end
-  self:failed(f)
+  local restart = o.restart == "group" and not self.tearing and not self.signal
+                  and self.attempt < o.max_restarts and self.attempt + 1 or nil
+  self:failed(f, restart)
   if o.restart == "rank" then self.final = true end
   self:teardown()
 end
@@ -549,7 +697,8 @@ function Run:tick(now)
     if not self.timed_out and not self.tearing and now - self.attempt_started >= limit then
       self.timed_out = true
       self:failed({ rank = "all", timeout = limit, time = os.time(),
-                    restarts = self.attempt })
+                    restarts = self.attempt },
+                  self.attempt < self.o.max_restarts and self.attempt + 1 or nil)
       self:teardown()
     end
     return
@@ -596,9 +745,14 @@ function Run:draw_status(now)
   self.drawn = now
   local count = { running = 0, done = 0, failed = 0, stopped = 0 }
   for _, rank in ipairs(self.ranks) do count[rank.state] = count[rank.state] + 1 end
-  self.relay:status(("mprun %s: %d running, %d done, %d failed, %d restarts, %.1fs")
+  local text = ("mprun %s: %d running, %d done, %d failed, %d restarts, %.1fs")
     :format(self.o.run_id, count.running, count.done, count.failed + count.stopped,
-            self.restarts, now - self.t0))
+            self.restarts, now - self.t0)
+  if self.signal and self.kill_at then
+    text = ("mprun %s: %s: %d running, SIGKILL in %d s")
+      :format(self.o.run_id, self.signal, count.running, math.ceil(self.kill_at - now))
+  end
+  self.relay:status(text)
 end
 
 function Run:on_signal(sig)
@@ -608,7 +762,12 @@ function Run:on_signal(sig)
     return
   end
   self.signal = sig
-  self:teardown()
+  local n = self:teardown()
+  local again = sig == "SIGINT" and "Ctrl-C" or sig
+  self:say(("mprun: %s: sent SIGTERM to %d rank%s; SIGKILL in %g s; %s again to kill now\n")
+    :format(sig, n, n == 1 and "" or "s", self.o.grace_period, again))
+  self:event { event = "signal", signal = sig, terminated = n }
+  self.drawn = -math.huge   -- the countdown at once
 end
 
 --- Everything of the attempt is reaped: the next attempt, or the end.
@@ -618,6 +777,7 @@ function Run:attempt_over()
   if o.restart == "group" and self.attempt < o.max_restarts then
     self.attempt = self.attempt + 1
     self.restarts = self.restarts + 1
+    self:event { event = "restart", scope = "group", attempt = self.attempt }
     self.kill_at, self.timed_out, self.tearing = nil, false, false
     self.attempt_started = core._now()
     self:start_all()
@@ -693,10 +853,14 @@ function Run:say(text)
   if node.group_world_size > 1 then
     text = text:gsub("[^\n]*\n", function(line) return node.host .. ": " .. line end)
   end
+  if self.status and self.relay then self.relay:status(nil) end
   io.stderr:write(text)
+  io.stderr:flush()
+  self.drawn = -math.huge   -- redrawn below the line
 end
 
 function Run:close_logs()
+  if self.events then self.events:close() end
   for _, dir in pairs(self.attempt_dirs or {}) do dir:close() end
   for _, rank in ipairs(self.ranks) do
     if rank.log_dir then rank.log_dir:close() end
@@ -724,6 +888,8 @@ function M.run(o)
     o = o, attempt = 0, restarts = 0, ranks = {},
     fds = { n = o.nprocs },   -- each rank's ctx:fileno(), or false
     failures = {}, dead = {}, arg = o.program == nil and lua_arg(o) or nil,
+    what = table.concat(o.program or (o.script and { o.script, table.unpack(o.args) })
+                        or { "-e", o.code }, " "),
     stdin = core._isatty(0), linebuf = core._isatty(1), t0 = core._now(), drawn = -math.huge,
     status = not o.quiet and core._isatty(2),
   }, Run)
@@ -741,15 +907,23 @@ function M.run(o)
     local ok, err = pcall(function()
       self:open_logs()
       self:attempt_dir(0)
+      local why
+      self.events, why = launcher._create(self.log_root, "events.jsonl")
+      if not self.events then
+        error(("--log-dir: cannot create %s/events.jsonl: %s"):format(self.log_path, why), 0)
+      end
     end)
     if not ok then
       self:say("mprun: " .. tostring(err) .. "\n")
       self:close_logs()
       self.relay:close()
+      self.relay = nil
       self.sigfd:close()
       return 2
     end
   end
+  self:event { event = "run", run_id = o.run_id, nprocs = o.nprocs, host = o.node.host,
+               restart = o.restart, max_restarts = o.max_restarts }
   local ok, err = pcall(self.start_all, self)
   if not ok then
     self:teardown("SIGKILL")
@@ -779,6 +953,7 @@ function M.run(o)
     self:draw_status(now)
   end
   local lost = self.relay:close()
+  self.relay = nil
   if lost then self:say("mprun: " .. lost .. "\n") end
   local code = self:status_code()
   if self.start_error then
@@ -794,6 +969,10 @@ function M.run(o)
       :format(o.nprocs, o.nprocs == 1 and "" or "s", o.run_id, self.restarts,
               self.restarts == 1 and "" or "s", core._now() - self.t0))
   end
+  if self.log_path and (code ~= 0 or not o.quiet) then
+    self:say(("mprun: logs in %s/\n"):format(self.log_path))
+  end
+  self:event { event = "end", status = code, restarts = self.restarts }
   self.sigfd:close()
   self:close_logs()
   return code
@@ -801,11 +980,14 @@ end
 
 --- The command: parses argv (a lua5.4 `arg` table), runs, exits.
 function M.main(argv)
-  local o, err = M.parse(argv)
+  local o, err, status = M.parse(argv)
   local lowest = 0
   while argv[lowest - 1] ~= nil do lowest = lowest - 1 end
   if o and lowest < 0 then o.interpreter = argv[lowest] end
-  if not o then
+  if not o and status then
+    io.stderr:write("mprun: ", err, "\n")
+    os.exit(status)
+  elseif not o then
     io.stderr:write("mprun: ", err, "\nTry 'mprun --help' for the options.\n")
     os.exit(2)
   end
