@@ -101,6 +101,14 @@ describe("cluster.expand_hostlist", function()
     assert.error_matches(function() expand(nil) end, "cluster.expand_hostlist")
   end)
 
+  it("parses numbers and ranges with one helper (host lists, mprun --ranks)", function()
+    assert.are.same({ { lo = 0, hi = 0, width = 1 }, { lo = 2, hi = 3, width = 1 },
+                      { lo = 7, hi = 9, width = 2 } }, cluster.ranges("0, 2-3,07 - 09"))
+    assert.are.same({ nil, "3-1" }, { cluster.ranges("0,3-1") })
+    assert.are.same({ nil, "x" }, { cluster.ranges("x") })
+    assert.are.same({ nil, "" }, { cluster.ranges("1,,2") })
+  end)
+
   it("expands Slurm's tasks-per-node counts", function()
     assert.are.same({ 2, 2, 2, 1 }, cluster.expand_counts("2(x3),1"))
     assert.are.same({ 1, 1 }, cluster.expand_counts("1(x2)"))

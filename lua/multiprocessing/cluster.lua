@@ -88,20 +88,29 @@ local function top_level_items(s)
   return items
 end
 
+--- A list of numbers and ranges, "0,2-3" or Slurm's "01-03,07": a list of
+-- {lo =, hi =, width = digits of lo} (lo <= hi; spaces around the numbers
+-- allowed), or nil and the first bad item.  The one range parser: Slurm's
+-- host lists here, mprun's --ranks.
+function M.ranges(s)
+  local out = {}
+  for item in (s .. ","):gmatch("([^,]*),") do
+    local lo, hi = item:match("^%s*(%d+)%s*%-%s*(%d+)%s*$")
+    if not lo then lo = item:match("^%s*(%d+)%s*$"); hi = lo end
+    if not lo or tonumber(hi) < tonumber(lo) then return nil, item end
+    out[#out + 1] = { lo = tonumber(lo), hi = tonumber(hi), width = #lo }
+  end
+  return out
+end
+
 --- The numbers of one bracket's ranges ("01-03,07"), as strings keeping the
 -- zero padding of each range's first number, as Slurm writes them.
 local function range_numbers(inner, list)
   local out = {}
-  for range in (inner .. ","):gmatch("([^,]*),") do
-    local lo, hi = range:match("^(%d+)%-(%d+)$")
-    if not lo then lo = range:match("^(%d+)$"); hi = lo end
-    if not lo or tonumber(hi) < tonumber(lo) then
-      fail("bad host list %q: bad range %q", list, range)
-    end
-    local width = #lo
-    for n = tonumber(lo), tonumber(hi) do
-      out[#out + 1] = ("%0" .. width .. "d"):format(n)
-    end
+  local ranges, bad = M.ranges(inner)
+  if not ranges then fail("bad host list %q: bad range %q", list, bad) end
+  for _, r in ipairs(ranges) do
+    for n = r.lo, r.hi do out[#out + 1] = ("%0" .. r.width .. "d"):format(n) end
   end
   return out
 end

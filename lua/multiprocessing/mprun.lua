@@ -102,15 +102,13 @@ end
 -- "0,2-3" -> {[0]=true, [2]=true, [3]=true}, each below n.
 local function rank_set(spec, n)
   local set = {}
-  for item in (spec .. ","):gmatch("([^,]*),") do
-    local a, b = item:match("^%s*(%d+)%s*%-%s*(%d+)%s*$")
-    if not a then a = item:match("^%s*(%d+)%s*$"); b = a end
-    a, b = tonumber(a), tonumber(b)
-    if not a or a > b then usage_error("--ranks: bad item '%s' in '%s'", item, spec) end
-    if b >= n then
-      usage_error("--ranks: rank %d is out of range (world size %d: ranks 0-%d)", b, n, n - 1)
+  local ranges, bad = cluster.ranges(spec)
+  if not ranges then usage_error("--ranks: bad item '%s' in '%s'", bad, spec) end
+  for _, r in ipairs(ranges) do
+    if r.hi >= n then
+      usage_error("--ranks: rank %d is out of range (world size %d: ranks 0-%d)", r.hi, n, n - 1)
     end
-    for r = a, b do set[r] = true end
+    for k = r.lo, r.hi do set[k] = true end
   end
   return set
 end
