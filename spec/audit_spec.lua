@@ -678,16 +678,14 @@ describe("audit: mprun", function()
   -- A rank that teardown found dead had no pidfd left to wake the poll.
   for _, method in ipairs(H.methods) do
     for _, mode in ipairs { "", "--restart rank --max-restarts 2 " } do
-      if method == "forkserver" and mode ~= "" then
-        pending("a start failure under --restart rank with the forkserver still hangs (open defect)")
-      else it(("a start failure under a low RLIMIT_NOFILE ends mprun %s(%s), status 1"):format(mode, method), function()
+      it(("a start failure under a low RLIMIT_NOFILE ends mprun %s(%s), status 1"):format(mode, method), function()
         for _, limit in ipairs { 40, 50 } do
           local out = H.sh(("ulimit -n %d; timeout -s KILL 120 scripts/mprun %s--start-method %s -n 64 -e 'x = 1' 2>&1; echo status $?")
             :format(limit, mode, method))
           assert.truthy(out:find("cannot start rank %d+: .*Too many open files"), out)
           assert.are.equal("1", out:match("status (%d+)%s*$"), out)
         end
-      end) end
+      end)
     end
   end
 end)
