@@ -6,6 +6,7 @@
 #                         plus a short fuzz run of the decoder
 #   make check            both of the above, then one "N passed, N failed" line
 #   make bench            benchmarks against the floors and Python's peers
+#   make soak             the Pool's random fault injection, long (SOAK_SECONDS)
 #   make example          the example orchestration in examples/
 #   make lint             luacheck on lua/ spec/ examples/ bench/ (.luacheckrc)
 #   make install PREFIX=/usr/local DESTDIR=...
@@ -76,7 +77,7 @@ LAUNCHER_SRC = src/launcher/launcher.c src/launcher/relay.c src/launcher/rank.c
 LAUNCHER_OBJ = $(LAUNCHER_SRC:src/%.c=$(BUILD)/obj/%.o)
 LAUNCHER_SO  = $(BUILD)/multiprocessing/launcher.so
 
-.PHONY: all test check check-asan fuzz bench example lint install uninstall clean
+.PHONY: all test check check-asan soak fuzz bench example lint install uninstall clean
 all: $(CORE_SO) $(WORKER) $(LAUNCHER_SO)
 
 $(BUILD)/obj/%.o: src/%.c src/*.h
@@ -118,6 +119,15 @@ check-asan:
 
 check:
 	sh scripts/check.sh
+
+# The Pool's random fault injection for a long while (spec/pool_fault_spec.lua,
+# SOAK_SECONDS per start method; a failure prints its seed: POOL_FAULT_SEED=n
+# replays it), in a private /dev/shm.
+SOAK_SECONDS ?= 600
+soak: all
+	POOL_SOAK_SECONDS=$(SOAK_SECONDS) unshare -m sh -c 'mount -t tmpfs tmpfs /dev/shm && \
+	  LUA_MP_BUILD=$(BUILD) $(BUSTED) --lua=$(LUA) -o spec/summary_handler.lua \
+	  --filter="random faults" spec/pool_fault_spec.lua'
 
 # A short libFuzzer run of the decoder (clang); FUZZ_TIME=600 for a long one.
 FUZZ_TIME ?= 20

@@ -205,17 +205,24 @@ for _, method in ipairs(H.methods) do
       assert.are.equal(5, pool:apply(function(x) return x + 1 end, { 4 }))
       local m = pool:map_async(function(x) return -x end, { 1, 2, 3 })
       assert.are.same({ -1, -2, -3, n = 3 }, m:get())
-      -- a callback that raises: its error comes out of the pool call that
-      -- ran it, and the other results are not lost
+      -- a callback that raises: its error comes out of its own
+      -- AsyncResult's get(), not of whichever pool call ran it, and the
+      -- other results are not lost
       local bad = pool:apply_async(function() return 1 end, {},
                                    { callback = function() error("cb failed") end })
+      local ebad = pool:apply_async(function() error("task failed") end, {},
+                                    { error_callback = function() error("ecb failed") end })
       local good = pool:apply_async(function() return 2 end)
+      assert.are.equal(2, good:get())
+      assert.is_true(bad:wait(30) and ebad:wait(30))
+      assert.are.equal(2, pool:apply(function() return 2 end))
       local cbok, cberr = pcall(bad.get, bad)
-      if cbok then cbok, cberr = pcall(good.get, good) end
       assert.is_false(cbok)
       assert.matches("cb failed", cberr)
-      assert.are.equal(1, bad:get())
-      assert.are.equal(2, good:get())
+      assert.is_true(bad:successful())   -- the task itself succeeded
+      cbok, cberr = pcall(ebad.get, ebad)
+      assert.is_false(cbok)
+      assert.matches("ecb failed", cberr)
     end)
 
     it("a task that raises: traceback, e.task, e.value; the pool keeps working", function()
@@ -233,6 +240,11 @@ for _, method in ipairs(H.methods) do
       assert.matches("task 4 failed", e.msg)
       assert.matches("stack traceback", e.msg)
       assert.matches("pool_spec.lua:%d+: bad input 4", e.msg)
+      assert.is_nil(e.exit_code)   -- the worker did not exit
+      -- the traceback names the user's function, not the pool's locals
+      assert.matches("pool_spec.lua:%d+: in function <[^\n]*pool_spec.lua:%d+>", e.msg)
+      assert.is_nil(e.msg:find("in local 'task'", 1, true))
+      assert.is_nil(e.msg:find("poolworker", 1, true))
       -- every outcome, without raising
       local r = pool:map(check, { 1, 2, 3, 4, 5, 6, 7 }, { chunksize = 2, outcomes = true })
       assert.are.same({ ok = true, value = 1 }, r[1])
@@ -299,6 +311,10 @@ for _, method in ipairs(H.methods) do
       assert.is_true(mp.isinstance(e, mp.ProcessException))
       assert.are.equal(2, e.task)
       assert.matches("task 2 timed out after 0.3 seconds", e.msg)
+      -- it names the signal that ended its worker
+      assert.is_true(e.signal_name == "SIGTERM" or e.signal_name == "SIGKILL", tostring(e.signal_name))
+      assert.matches("terminated %(signal " .. e.signal_name .. "%)", e.msg)
+      assert.are.equal(-mp.signals[e.signal_name], e.exit_code)
       -- a per-call timeout on apply_async
       local ar = pool:apply_async(function() os.execute("sleep 30") end, {}, { timeout = 0.2 })
       local ok, te = pcall(ar.get, ar)

@@ -11,8 +11,10 @@
 ** through a marker, a C closure over the word's address, because it does
 ** so once per task and an Array's __newindex costs several times more.
 */
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "mp.h"
@@ -145,6 +147,25 @@ static int l_check_sendable(lua_State *L) {
   return 0;
 }
 
+/* _nofile_at_least(n) -> the soft limit on open descriptors, raised to n
+** (at most to the hard limit) when it was lower: a pool holds several
+** descriptors per worker.  The workers inherit the raised limit. */
+static int l_nofile_at_least(lua_State *L) {
+  lua_Integer n = mp_checkinteger(L, 1);
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+    return luaL_error(L, "getrlimit: %s", strerror(errno));
+  if (rl.rlim_cur != RLIM_INFINITY && n > 0 && (rlim_t)n > rl.rlim_cur) {
+    rlim_t want = rl.rlim_max != RLIM_INFINITY && (rlim_t)n > rl.rlim_max
+                  ? rl.rlim_max : (rlim_t)n;
+    struct rlimit nl = {want, rl.rlim_max};
+    if (setrlimit(RLIMIT_NOFILE, &nl) == 0) rl.rlim_cur = want;
+  }
+  lua_pushinteger(L, rl.rlim_cur == RLIM_INFINITY ? -1
+                                                  : (lua_Integer)rl.rlim_cur);
+  return 1;
+}
+
 /* _exception(kind, fields) -> a new exception of kind "base", "raised",
 ** "exited" or "timeout" with the fields of the table 'fields'. */
 static int l_exception(lua_State *L) {
@@ -181,6 +202,7 @@ void mp_open_pool(lua_State *L) {
   static const luaL_Reg funcs[] = {
     {"_exception", l_exception}, {"_plain", l_plain}, {"_board", l_board},
     {"_check_sendable", l_check_sendable},
+    {"_nofile_at_least", l_nofile_at_least},
     {NULL, NULL}
   };
   mp_new_class(L, BOARD_T, board_meta, board_methods);

@@ -49,11 +49,22 @@ local APPLY_BATCH = 1024  -- apply_async calls gathered while workers are busy
 local APPLY_IDLE = 64     -- ... or while some worker is idle
 local WINDOW = 65536       -- imap: results buffered ahead of the consumer
 local RESULTS_CAP = 64 << 20
+local FDS_PER_WORKER = 10  -- descriptors a worker costs the parent, at most
 
 local START_METHODS = { fork = true, spawn = true, forkserver = true }
 
 ---------------------------------------------------------------------------
 -- AsyncResult
+
+-- Moves job.next past the cancelled calls at its head.
+local function skip_cancelled(job)
+  local skip, pos = job.cancelled, job.next
+  while skip[pos] do
+    skip[pos], pos = nil, pos + 1
+  end
+  job.next = pos
+  if next(skip) == nil then job.cancelled = nil end
+end
 
 local AsyncResult = {}
 AsyncResult.__index = AsyncResult
@@ -67,15 +78,13 @@ end
 
 -- Settles ar with (ok, value) and runs its callback, in the parent.
 -- A callback that raises does not stop the pool from taking the other
--- results: its error is raised by the pool call that ran it, afterwards.
+-- results: its error belongs to this AsyncResult, whose get() raises it.
 local function resolve(ar, ok, value)
   ar.done, ar.ok, ar.value = true, ok, value
   local cb = ok and ar.callback or not ok and ar.error_callback
   if cb then
     local cbok, err = pcall(cb, value)
-    if not cbok and not ar.pool.callback_error then
-      ar.pool.callback_error = err
-    end
+    if not cbok then ar.callback_error = err end
   end
 end
 
@@ -88,6 +97,7 @@ function AsyncResult:get(timeout)
       return nil, "timeout"
     end
   end
+  if self.callback_error ~= nil then error(self.callback_error, 0) end
   if not self.ok then error(self.value, 0) end
   return self.value
 end
@@ -104,6 +114,35 @@ end
 function AsyncResult:ready()
   if not self.done then self.pool:_run(function() return self.done end, 0) end
   return self.done
+end
+
+--- ar:fileno() -> the pool's results descriptor, readable when results
+-- may have arrived (mp.wait then calls ar:ready()); -1 once the pool has
+-- let it go (every result is settled by then).
+function AsyncResult:fileno()
+  local results = self.pool.results
+  local ok, fd = pcall(results.fileno, results)
+  return ok and fd or -1
+end
+
+--- ar:cancel() -> true when the call had not been sent to a worker: it
+-- never runs, ar:get() raises a cancelled error, ar:cancelled() is true.
+function AsyncResult:cancel()
+  local pool, pos = self.pool, self.task
+  local job = pool.applies
+  if self.done or not pos or pos < job.next then return false end
+  job.cancelled = job.cancelled or {}
+  job.cancelled[pos] = true
+  self.cancelled_ = true
+  pool:_settle(job, pos, false, mk_exception("base", {
+    msg = ("apply_async call %d was cancelled"):format(pos), task = pos,
+    cancelled = true }))
+  if pos == job.next then skip_cancelled(job) end
+  return true
+end
+
+function AsyncResult:cancelled()
+  return self.cancelled_ == true
 end
 
 function AsyncResult:successful()
@@ -165,10 +204,13 @@ function M.new(processes, opts)
     initializer = opts.initializer, initargs = opts.initargs or {},
     maxtasks = opts.maxtasksperchild, timeout = opts.timeout,
     retries = retries, progress = opts.progress and core._isatty(2),
-    state = "run", workers = {}, msgs = {}, nextmid = 1,
+    state = "run", workers = {}, retiring = {}, msgs = {}, nextmid = 1,
     queue = fifo(), redo = fifo(), fids = setmetatable(
       {}, { __mode = "k" }), nextfid = 1, active = 0, next_check = 0, nmsg = 0,
   }, Pool)
+  -- each worker costs the parent several descriptors (its context, its
+  -- task queue): the soft limit is raised for them, as mprun does
+  core._nofile_at_least(processes * FDS_PER_WORKER + 256)
   self.results = mp.Queue(0, { capacity = RESULTS_CAP })
   self.cur = core._board(processes)
   self.applies = { kind = "apply", mode = 2, list = {}, n = 0, next = 1,
@@ -234,8 +276,15 @@ local function next_run(self, job, w)
   if job.window then n = min(n, job.consumed + job.window - first) end
   if self.maxtasks then n = min(n, self.maxtasks - w.assigned) end
   n = min(n, rem)
+  local skip = job.cancelled
+  if skip then   -- a run stops before a cancelled call
+    for pos = first + 1, first + n - 1 do
+      if skip[pos] then n = pos - first break end
+    end
+  end
   if n <= 0 then return nil end
   job.next = first + n
+  if skip then skip_cancelled(job) end
   return first, n
 end
 
@@ -280,7 +329,7 @@ local function send(self, w, job, first, n)
 end
 
 local function can_take(self, w, inflight)
-  return w.ctx and not w.killing and w.nmsg < inflight
+  return w.ctx and not w.killing and not w.stuck and w.nmsg < inflight
          and not (self.maxtasks and w.assigned >= self.maxtasks)
 end
 
@@ -379,7 +428,7 @@ local function task_exception(job, pos, w, e)
     msg = ("\n\n-- %s failed in pool process %d with the following "
            .. "error:\n%s"):format(task_name(job, pos), w.pid, e[1]),
     task = pos, value = e[2], pid = w.pid, error_pid = w.pid,
-    error_index = w.slot - 1, exit_code = 1,
+    error_index = w.slot - 1,   -- exit_code nil: the worker did not exit
   })
 end
 
@@ -433,6 +482,7 @@ function Pool:_receive(res)
     local d = res.d
     if d and d < 0.002 then w.size = min(w.size * 4, MAXMSG)
     elseif d and d > 0.02 then w.size = max(1, w.size // 2) end
+    if res.last and self.workers[w.slot] == w then self:_retiring(w) end
   end
   if job.progress then job.progress() end
 end
@@ -473,11 +523,6 @@ function Pool:_run(done, timeout)
   local results = self.results
   while true do
     if self.broken then error(self.broken, 0) end
-    if self.callback_error then
-      local err = self.callback_error
-      self.callback_error = nil
-      error(err, 0)
-    end
     self:_dispatch()
     if done() then return true end
     if self.state == "terminate" and self.active == 0 then return done() end
@@ -671,24 +716,25 @@ end
 
 local APPLY_OPTIONS = { callback = true, error_callback = true, timeout = true }
 
---- pool:apply_async(fn [, args [, opts]]) -> AsyncResult
--- (the checks are inline where they cost: a call per task adds up)
-function Pool:apply_async(fn, args, opts)
-  if self.state ~= "run" then check_running(self, "Pool.apply_async") end
-  if type(fn) ~= "function" then check_type("Pool.apply_async", 1, fn, "function") end
+-- One call of fn(table.unpack(args)) for apply_async and submit ('fname'
+-- names it in errors; the checks are inline where they cost: a call per
+-- task adds up).
+local function apply_task(self, fname, fn, args, opts)
+  if self.state ~= "run" then check_running(self, fname, 3) end
+  if type(fn) ~= "function" then check_type(fname, 1, fn, "function", 3) end
   if args == nil then args = {}
-  elseif type(args) ~= "table" then check_type("Pool.apply_async", 2, args, "table") end
+  elseif type(args) ~= "table" then check_type(fname, 2, args, "table", 3) end
   if opts ~= nil then
-    opts = check_options("Pool.apply_async", 3, opts, APPLY_OPTIONS)
-    check_seconds("Pool.apply_async", 3, opts.timeout, "timeout")
+    opts = check_options(fname, 3, opts, APPLY_OPTIONS, 3)
+    check_seconds(fname, 3, opts.timeout, "timeout", 3)
   else
     opts = NO_OPTIONS
   end
-  local fid = self.fids[fn] or fn_id(self, "Pool.apply_async", fn)
+  local fid = self.fids[fn] or fn_id(self, fname, fn, 3)
   for _, v in next, args do
     local t = type(v)
     if t == "table" or t == "function" or t == "userdata" then
-      check_sendable("Pool.apply_async", "args", args)
+      check_sendable(fname, "args", args, 3)
       break
     end
   end
@@ -717,9 +763,19 @@ function Pool:apply_async(fn, args, opts)
   return ar
 end
 
+--- pool:apply_async(fn [, args [, opts]]) -> AsyncResult
+function Pool:apply_async(fn, args, opts)
+  return apply_task(self, "Pool.apply_async", fn, args, opts)
+end
+
+--- pool:submit(fn, ...) -> AsyncResult of fn(...): a future
+function Pool:submit(fn, ...)
+  return apply_task(self, "Pool.submit", fn, table.pack(...))
+end
+
 --- pool:apply(fn [, args]) -> the value, or raises
 function Pool:apply(fn, args)
-  return self:apply_async(fn, args):get()
+  return apply_task(self, "Pool.apply", fn, args):get()
 end
 
 --- close(): no new tasks; the submitted ones still run.
@@ -736,18 +792,7 @@ function Pool:join()
   if self.state == "close" then
     self:_run(function() return self.active == 0 end)
     local _ <close> = interrupt_guard(self)
-    for _, w in ipairs(self.workers) do
-      if w.ctx then w.q:put(false) end
-    end
-    for _, w in ipairs(self.workers) do
-      if w.ctx then
-        local ok, err = pcall(w.ctx.join, w.ctx)
-        if not ok and tostring(err):find("interrupted", 1, true) then
-          error(err, 0)
-        end
-        retire(w, 0)
-      end
-    end
+    S.stop_all(self)
     self.state = "joined"
   end
   self:_release()
@@ -779,14 +824,15 @@ end
 function Pool:terminate()
   if self.state == "terminate" or self.state == "joined" then return end
   self.state = "terminate"
-  for _, w in pairs(self.workers) do
+  for _, w in S.all_workers(self) do
     if w.ctx then pcall(w.proc.terminate, w.proc) end
   end
-  for _, w in pairs(self.workers) do
+  for _, w in S.all_workers(self) do
     if w.ctx then
       retire(w, TERM_GRACE)
     end
   end
+  self.retiring = {}
   pcall(fail_pending, self)
   self.active = 0
   self:_release()

@@ -23,6 +23,7 @@ local pcall = pcall
 M.SLICE = 0.05             -- seconds between looks at the workers
 local SLICE = M.SLICE
 local KILL_GRACE = 0.5     -- SIGTERM, then SIGKILL after this long
+local STUCK = 0.5          -- a worker's untaken messages move after this long
 
 local function mp_isinstance(v, tname)
   local mp = require "multiprocessing"
@@ -88,11 +89,13 @@ function Pool:_killed(job, pos, w, code, timeout)
   end
   local e
   if timeout then
+    local text, name = exit_text(code)
     e = mk_exception("timeout", {
       msg = ("%s timed out after %g seconds in pool process %d, which was "
-             .. "terminated"):format(task_name(job, pos), timeout, w.pid),
+             .. "terminated (%s)"):format(task_name(job, pos), timeout, w.pid,
+                                         text),
       task = pos, pid = w.pid, error_pid = w.pid, error_index = w.slot - 1,
-      timeout = timeout, exit_code = code })
+      timeout = timeout, exit_code = code, signal_name = name })
   else
     local text, name = exit_text(code)
     e = mk_exception("exited", {
@@ -141,7 +144,10 @@ function Pool:_lost(w)
     self.msgs[mid] = nil
     for i = r.upto + 1, r.n do
       local pos = r.first + i - 1
-      if r == rec and i == k then
+      -- the item it was running; or every item, when it died posting
+      -- their results (a task that closed its descriptors, say): each
+      -- counts as a try, so that this cannot go on for ever
+      if r == rec and (i == k or k > r.n) then
         self:_killed(r.job, pos, w, code, w.killing and w.killing.timeout)
       elseif not r.job.abandoned then
         push(redo, { job = r.job, pos = pos })
@@ -154,12 +160,21 @@ function Pool:_lost(w)
   local started = self.cur:get(w.slot) ~= 0
   M.retire(w, 0)
   w.inflight = {}
-  if not ok and mp_isinstance(err, "ProcessRaisedException") then
+  if not ok and not started
+      and mp_isinstance(err, "ProcessRaisedException") then
     -- the worker itself failed (its initializer): the pool cannot work
     self.broken = err
-  elseif not started and code ~= 0 then
-    -- killed while starting (it happens), or an initializer that exits:
-    -- the pool gives up when no worker gets ready before this many die
+  elseif not started and code and code >= 0 then
+    -- an initializer that exits (os.exit(0) too): it would do it again in
+    -- every new worker
+    self.broken = mk_exception("exited", {
+      msg = ("pool process %d exited with %s in its initializer, before it "
+             .. "was ready"):format(w.pid, (exit_text(code))),
+      pid = w.pid, error_pid = w.pid, error_index = w.slot - 1,
+      exit_code = code })
+  elseif not started then
+    -- killed while starting (it happens): the pool gives up when no
+    -- worker gets ready before this many die
     self.unready = (self.unready or 0) + 1
     if self.unready > self.processes + 3 then
       self.broken = mk_exception("exited", {
@@ -193,6 +208,76 @@ function Pool:_restart(w)
   end
 end
 
+-- Takes back the messages worker 'w' has not taken from its queue: their
+-- items go first in the redo list, for the other workers.  What w has
+-- taken meanwhile stays its own (each message goes to one reader).  The
+-- functions those messages carried never reached w: its cache starts again.
+local function take_back(self, w)
+  local q, back = w.q, F.new()
+  while q:qsize() > 0 do
+    local ok, msg = pcall(q.get, q, 0)
+    if not ok or not msg then break end
+    local mid = msg[1]
+    local r = self.msgs[mid]
+    if r and r.w == w then
+      self.msgs[mid], w.inflight[mid] = nil, nil
+      w.nmsg, self.nmsg = w.nmsg - 1, self.nmsg - 1
+      w.assigned = w.assigned - r.n
+      if not r.job.abandoned then
+        for pos = r.first, r.first + r.n - 1 do
+          push(back, { job = r.job, pos = pos })
+        end
+      end
+    end
+  end
+  w.fns, w.nfns, w.reset = {}, 0, true
+  for i = self.redo.head, self.redo.tail do push(back, self.redo[i]) end
+  self.redo = back
+end
+
+-- Whether a worker other than 'w' is ready to take work.
+local function other_ready(self, w)
+  for _, o in ipairs(self.workers) do
+    if o ~= w and o.ctx and not o.killing and not o.stuck
+        and self.cur:get(o.slot) ~= 0 then
+      return true
+    end
+  end
+  return false
+end
+
+-- Whether process 'pid' is stopped (SIGSTOP, SIGTSTP, a tracer).
+local function stopped(pid)
+  local f = io.open("/proc/" .. pid .. "/stat")
+  if not f then return false end
+  local state = f:read("a"):match("%) (%a)")
+  f:close()
+  return state == "T" or state == "t"
+end
+
+-- A worker not running a task while messages wait for it: it is still in
+-- its initializer (board 0), or stopped, or blocked.  After STUCK seconds
+-- its messages go to another worker that is ready, and it gets no more
+-- until it is seen to move.  One that is ready (board -1), or stopped,
+-- and still has not taken them after the pool's timeout is ended like a
+-- hung task (no task has started, so none fails: they run elsewhere).  An
+-- initializer that runs may take as long as it likes.
+local function watch_waiting(self, w, t, v)
+  if w.nmsg == 0 and not w.stuck then
+    w.waiting = nil
+    return
+  end
+  w.waiting = w.waiting or t
+  local waited = t - w.waiting
+  if self.timeout and waited > self.timeout and (v < 0 or stopped(w.pid)) then
+    w.killing = { at = t }
+    pcall(w.proc.terminate, w.proc)
+  elseif w.nmsg > 0 and waited > STUCK and other_ready(self, w) then
+    w.stuck = true
+    take_back(self, w)
+  end
+end
+
 -- A live worker: killed after its grace when it is being killed, else
 -- terminated when its task has run past its timeout.
 local function watch(self, w, t)
@@ -205,11 +290,12 @@ local function watch(self, w, t)
   end
   local v = self.cur:get(w.slot)
   if v ~= w.seen then
-    w.seen, w.since = v, t
+    w.seen, w.since, w.waiting, w.stuck = v, t, nil, nil
     return
   end
+  if v <= 0 then return watch_waiting(self, w, t, v) end
   local rec, k = running_item(self, w)
-  if not rec then return end
+  if not rec or k > rec.n then return end   -- none, or posting results
   local job, pos = rec.job, rec.first + k - 1
   local limit = job.kind == "apply" and job.timeouts[pos] or job.timeout
                 or self.timeout
@@ -219,11 +305,43 @@ local function watch(self, w, t)
   end
 end
 
+-- Worker 'w' has posted its last results (maxtasksperchild) and exits: a
+-- new worker takes its slot now, and it is reaped once it has gone.
+function Pool:_retiring(w)
+  local r = self.retiring
+  r[#r + 1] = w
+  if self.state ~= "terminate" then self:_restart(w) end
+end
+
+-- for _, w in all_workers(pool): the workers in the slots, then the
+-- retiring ones.
+function M.all_workers(self)
+  local list = {}
+  for _, w in ipairs(self.workers) do list[#list + 1] = w end
+  for _, w in ipairs(self.retiring) do list[#list + 1] = w end
+  return ipairs(list)
+end
+
+-- Reaps the retiring workers that have gone.
+local function reap_retiring(self)
+  local r, keep = self.retiring, {}
+  for _, w in ipairs(r) do
+    if w.proc:is_alive() then
+      keep[#keep + 1] = w
+    else
+      pcall(w.ctx.join, w.ctx, 0)
+      M.retire(w, 0)
+    end
+  end
+  self.retiring = keep
+end
+
 -- Looks at every worker: dead ones are replaced, hung tasks killed, empty
 -- slots filled again.
 function Pool:_check()
   local t = now()
   self.next_check = t + SLICE
+  if #self.retiring > 0 then reap_retiring(self) end
   for _, w in ipairs(self.workers) do
     if not w.ctx then
       if w.start_fails and self.state ~= "terminate" then self:_restart(w) end
@@ -231,6 +349,37 @@ function Pool:_check()
       self:_lost(w)
     else
       watch(self, w, t)
+    end
+  end
+end
+
+-- join(): every worker gets its stop message and is waited for.  With a
+-- pool timeout, one that has not taken it that long after (hung in its
+-- initializer, or stopped) is ended.
+function M.stop_all(self)
+  local t0 = now()
+  for _, w in ipairs(self.workers) do
+    if w.ctx then pcall(w.q.put, w.q, false) end
+  end
+  while true do
+    local live
+    for _, w in M.all_workers(self) do
+      if w.ctx then
+        if not w.proc:is_alive() then
+          pcall(w.ctx.join, w.ctx, 0)
+          M.retire(w, 0)
+        elseif self.timeout and now() - t0 > self.timeout
+            and w.q:qsize() > 0 then
+          M.retire(w, KILL_GRACE)
+        else
+          live = live or w
+        end
+      end
+    end
+    if not live then return end
+    local ok, err = pcall(live.ctx.join, live.ctx, SLICE)
+    if not ok and tostring(err):find("interrupted", 1, true) then
+      error(err, 0)
     end
   end
 end

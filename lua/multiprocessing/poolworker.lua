@@ -13,10 +13,43 @@ M.MID = 65536              -- a board word is mid * MID + k: k < MID
 local MID = M.MID
 local FLUSH = 0.05         -- a worker posts partial results after this long
 
+-- The name of 'fn' as a global or a module's field ("step",
+-- "mymod.step"), or nil.
+local function global_name(fn)
+  for mod, t in pairs(package.loaded) do
+    if type(t) == "table" then
+      for k, v in pairs(t) do
+        if v == fn and type(k) == "string" then
+          return mod == "_G" and k or mod .. "." .. k
+        end
+      end
+    end
+  end
+end
+
+-- How the traceback names the user's function, which the pool's loop calls
+-- through its own locals ('task', 'fns[...]'): as Lua would name it, by
+-- its global name or by where it is defined.
+local function user_frame_name(level)
+  while true do
+    local info = debug.getinfo(level + 1, "S")
+    if not info then return nil end
+    if info.source:find("multiprocessing/poolworker%.lua$") then break end
+    level = level + 1
+  end
+  local info = debug.getinfo(level, "Sf")
+  if not info or info.what ~= "Lua" then return nil end
+  local name = global_name(info.func)
+  return name and ("function '%s'"):format(name)
+         or ("function <%s:%d>"):format(info.short_src, info.linedefined)
+end
+
 local function task_traceback(e)
   local text = debug.traceback("", 3)
   -- the frames of the pool's own loop are not the user's
   text = text:gsub("\n[^\n]*multiprocessing/poolworker%.lua:.*$", "")
+  local name = user_frame_name(3)
+  if name then text = text:gsub(": in [^\n]*$", ": in " .. name:gsub("%%", "%%%%")) end
   local msg = (type(e) == "string" or type(e) == "number") and tostring(e)
   if not msg then
     local ok, s = pcall(tostring, e)
@@ -127,10 +160,14 @@ function M.worker(_, cfg)
       for fid, f in pairs(msg.fns) do fns[fid] = f end
     end
     local out = run_message(msg, fns, results, mark)
-    mark(-1)
-    post(results, out)
     count = count + msg[4]
-    if maxtasks and count >= maxtasks then return end
+    -- its last message says so: the parent starts the next worker at once
+    local last = maxtasks and count >= maxtasks
+    out.last = last or nil
+    mark(msg[1] * MID + msg[4] + 1)   -- posting: see poolsup's _lost
+    post(results, out)
+    if last then return end          -- (the slot is the next worker's now)
+    mark(-1)
   end
 end
 
