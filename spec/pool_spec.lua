@@ -497,10 +497,11 @@ for _, method in ipairs(H.methods) do
   describe("mp.Pool, interrupted or killed, start method " .. method .. ":", function()
     H.leak_check(before_each, after_each)
 
-    it("Ctrl-C in map terminates and reaps the workers and raises interrupted!", function()
+    it("Ctrl-C in map terminates and reaps the workers and raises mp.Interrupted at the user's line", function()
       local pidfile = os.tmpname()
       local script = pool_script("local ok, e = pcall(pool.map, pool, function() os.execute('sleep 30') end, {1, 2})\n"
-        .. "print('caught', e, #pool.workers)\n", method)
+        .. "print('caught', e, #pool.workers)\n"
+        .. "print('type', mp.isinstance(e, mp.Interrupted), e.kind, e.call, e.where)\n", method)
       local run = io.popen("lua5.4 " .. script .. " " .. pidfile .. " 2>&1")
       local pids = H.wait_pids(pidfile)
       os.execute("sleep 0.3; kill -INT " .. pids[1])
@@ -508,12 +509,14 @@ for _, method in ipairs(H.methods) do
       run:close()
       os.remove(script)
       os.remove(pidfile)
-      assert.matches("caught\t[^\n]*interrupted!", out)
+      assert.truthy(out:find("caught\tinterrupted: SIGINT during Pool.map; the pool was terminated, "
+                             .. "its workers reaped", 1, true), out)
+      assert.matches("type\ttrue\tinterrupt\tPool.map\t[^\n]*lua_%w+:8\n", out)
       assert.is_false(H.alive(pids[2]))
       assert.is_false(H.alive(pids[3]))
     end)
 
-    it("Ctrl-C at the lua5.4 -i prompt (a pty): interrupted!, then the prompt", function()
+    it("Ctrl-C at the lua5.4 -i prompt (a pty): interrupted, then the prompt", function()
       local pidfile = os.tmpname()
       local input = os.tmpname()
       local f = assert(io.open(input, "w"))
@@ -536,7 +539,7 @@ for _, method in ipairs(H.methods) do
       os.remove(pidfile)
       os.remove(input)
       os.remove(input .. ".sent")
-      assert.truthy(out:find("interrupted!", 1, true), out)
+      assert.truthy(out:find("interrupted: SIGINT during Pool.apply; the pool was terminated", 1, true), out)
       assert.truthy(out:find("back at the prompt\tterminate", 1, true), out)
       assert.is_false(H.alive(pids[2]))
       assert.is_false(H.alive(pids[3]))
@@ -681,5 +684,32 @@ describe("mp.Pool at scale:", function()
     assert.matches("tasks/s", tty)
     assert.matches("0 failed", tty)
     assert.matches("ETA", tty)
+  end)
+
+  it("progress = function(done, total, failed); mp.print and pool:print erase and redraw the line", function()
+    local pool <close> = mp.Pool(2, { start_method = "fork", progress = function(done, total, failed)
+      _G.seen = _G.seen or {}
+      _G.seen[#_G.seen + 1] = { done, total, failed }
+    end })
+    local r = pool:map(function(x) if x == 3 then error("three") end return x end, { 1, 2, 3, 4 },
+                       { outcomes = true, chunksize = 1 })
+    assert.are.equal(4, r.n)
+    local last = _G.seen[#_G.seen]
+    assert.are.same({ 4, 4, 1 }, last)
+    _G.seen = nil
+    -- on a terminal: the printed text sits on its own line, the progress
+    -- line is erased before it and drawn again after it
+    local script = H.script("local mp = require 'multiprocessing'\n"
+      .. "local pool <close> = mp.Pool(2, { start_method = 'fork', progress = true })\n"
+      .. "local r = pool:map(function(x) os.execute('sleep 0.15') return x end, {1, 2, 3, 4, 5, 6}, 1)\n"
+      .. "pool:print('after', r.n)\n"
+      .. "for i, v in pool:imap(function(x) os.execute('sleep 0.15') return x end, {1, 2, 3, 4}) do\n"
+      .. "  if i == 2 then mp.print('middle', v) end\n"
+      .. "end\n")
+    local tty = H.sh("script -qfec 'lua5.4 " .. script .. "' /dev/null")
+    os.remove(script)
+    assert.truthy(tty:find("\nafter\t6\r?\n", 1), tty)
+    -- erased, printed, redrawn
+    assert.truthy(tty:find("\r\27%[Kmiddle\t2\r?\n\r%d/4 done"), tty)
   end)
 end)

@@ -94,6 +94,11 @@ function M.Pool(processes, opts)
   return require("multiprocessing.pool").new(processes, opts)
 end
 
+-- print(...) that a Pool's progress line does not run into (pool.lua).
+function M.print(...)
+  return require("multiprocessing.pool").print(...)
+end
+
 -- torch renamed SpawnContext to ProcessContext; the old name still works and
 -- warns once per Lua state.
 local warned_spawn_context = false

@@ -88,31 +88,39 @@ local function resolve(ar, ok, value)
   end
 end
 
---- ar:get([timeout]) -> the value; raises the task's exception;
--- nil, "timeout" when it is not ready within 'timeout' seconds.
-function AsyncResult:get(timeout)
-  if not self.done then
-    if timeout ~= nil then timeout = check_wait("AsyncResult.get", timeout) end
-    if not self.pool:_run(function() return self.done end, timeout) then
+-- ar:get() for the public call 'call'.
+local function get_value(ar, timeout, call)
+  if not ar.done then
+    if not ar.pool:_run(function() return ar.done end, timeout, call) then
       return nil, "timeout"
     end
   end
-  if self.callback_error ~= nil then error(self.callback_error, 0) end
-  if not self.ok then error(self.value, 0) end
-  return self.value
+  if ar.callback_error ~= nil then error(ar.callback_error, 0) end
+  if not ar.ok then error(ar.value, 0) end
+  return ar.value
+end
+
+--- ar:get([timeout]) -> the value; raises the task's exception;
+-- nil, "timeout" when it is not ready within 'timeout' seconds.
+function AsyncResult:get(timeout)
+  if timeout ~= nil then timeout = check_wait("AsyncResult.get", timeout) end
+  return get_value(self, timeout, "AsyncResult.get")
 end
 
 --- ar:wait([timeout]) -> true when ready
 function AsyncResult:wait(timeout)
   timeout = check_wait("AsyncResult.wait", timeout)
   if not self.done then
-    self.pool:_run(function() return self.done end, timeout)
+    self.pool:_run(function() return self.done end, timeout,
+                   "AsyncResult.wait")
   end
   return self.done
 end
 
 function AsyncResult:ready()
-  if not self.done then self.pool:_run(function() return self.done end, 0) end
+  if not self.done then
+    self.pool:_run(function() return self.done end, 0, "AsyncResult.ready")
+  end
   return self.done
 end
 
@@ -203,7 +211,9 @@ function M.new(processes, opts)
     processes = processes, start_method = method,
     initializer = opts.initializer, initargs = opts.initargs or {},
     maxtasks = opts.maxtasksperchild, timeout = opts.timeout,
-    retries = retries, progress = opts.progress and core._isatty(2),
+    retries = retries,
+    progress = type(opts.progress) == "function" and opts.progress
+               or opts.progress and core._isatty(2),
     state = "run", workers = {}, retiring = {}, msgs = {}, nextmid = 1,
     queue = fifo(), redo = fifo(), fids = setmetatable(
       {}, { __mode = "k" }), nextfid = 1, active = 0, next_check = 0, nmsg = 0,
@@ -226,6 +236,8 @@ function M.new(processes, opts)
   end
   return self
 end
+
+function Pool:print(...) return M.print(...) end
 
 function Pool:__tostring()
   return ("Pool (%s, %d processes, %s)"):format(self.start_method,
@@ -436,7 +448,7 @@ end
 -- worker when w is dead, else they fail with the error.  The functions it
 -- carried may not have arrived: w's cache starts again.
 function Pool:_unsent(w, job, first, n, err)
-  if tostring(err):find("interrupted", 1, true) then error(err, 0) end
+  if core.isinstance(err, core.Interrupted) then self:_interrupted() end
   w.fns, w.nfns, w.reset = {}, 0, true
   local dead = not w.proc:is_alive()
   for pos = first, first + n - 1 do
@@ -482,7 +494,10 @@ function Pool:_receive(res)
     local d = res.d
     if d and d < 0.002 then w.size = min(w.size * 4, MAXMSG)
     elseif d and d > 0.02 then w.size = max(1, w.size // 2) end
-    if res.last and self.workers[w.slot] == w then self:_retiring(w) end
+    -- (not when it is being lost: _lost replaces it itself)
+    if res.last and not w.lost and self.workers[w.slot] == w then
+      self:_retiring(w)
+    end
   end
   if job.progress then job.progress() end
 end
@@ -505,19 +520,20 @@ end
 ---------------------------------------------------------------------------
 -- the pool's loop
 
--- On an error exit of a wait (Ctrl-C: "interrupted!"), the workers go.
+-- On an error exit of a wait by an interrupt, the workers go.
 local function interrupt_guard(self)
   return setmetatable({}, { __close = function(_, err)
-    if err ~= nil and self.state ~= "terminate" then
-      local s = tostring(err)
-      if s:find("interrupted", 1, true) then self:terminate() end
+    if err ~= nil and self.state ~= "terminate"
+        and core.isinstance(err, core.Interrupted) then
+      self:terminate()
     end
   end })
 end
 
 -- Runs the pool until done() or 'timeout' seconds (nil: for ever); returns
 -- done().  Callbacks run here, in the parent.
-function Pool:_run(done, timeout)
+function Pool:_run(done, timeout, call)
+  self.call = call
   local deadline = timeout and now() + timeout
   local _ <close> = interrupt_guard(self)
   local results = self.results
@@ -546,19 +562,39 @@ end
 ---------------------------------------------------------------------------
 -- progress line
 
+-- The progress line on the terminal (stderr) while a call draws one, so
+-- that M.print can erase it, print, and draw it again.
+local drawn = nil
+
+--- mp.print(...), pool:print(...): print(...) to stdout that a progress
+-- line on the terminal does not run into: the line is erased, the text
+-- printed, the line drawn again under it.
+function M.print(...)
+  local n = select("#", ...)
+  local parts = { ... }
+  for i = 1, n do parts[i] = tostring(parts[i]) end
+  if drawn then io.stderr:write("\r\27[K") end
+  io.stdout:write(table.concat(parts, "\t", 1, n), "\n")
+  io.stdout:flush()
+  if drawn then io.stderr:write(drawn) end
+end
+
 local function progress_line(self, job)
-  if not self.progress then return nil end
+  local report = self.progress
+  if not report then return nil end
   local started, last = now(), 0
   return function(final)
     local t = now()
     if not final and t - last < 0.1 then return end
     last = t
     local done = job.n - job.left
+    if report ~= true then return report(done, job.n, job.nfailed or 0) end
     local rate = done / max(t - started, 1e-9)
     local eta = rate > 0 and (job.left / rate) or 0
-    io.stderr:write(("\r%d/%d done  %.0f tasks/s  %d failed  ETA %ds\27[K")
-                    :format(done, job.n, rate, job.nfailed or 0,
-                            floor(eta + 0.5)), final and "\n" or "")
+    drawn = ("\r%d/%d done  %.0f tasks/s  %d failed  ETA %ds\27[K")
+            :format(done, job.n, rate, job.nfailed or 0, floor(eta + 0.5))
+    io.stderr:write(drawn, final and "\n" or "")
+    if final then drawn = nil end
   end
 end
 
@@ -600,7 +636,7 @@ local function new_job(self, fname, kind, fn, list, cs, star, default_cs)
   end
   local fid = fn_id(self, fname, fn, 3)
   if not core._plain(list, n) then check_sendable(fname, "list", list, 3) end
-  local job = { kind = kind, mode = star and 1 or 0, fn = fn, fid = fid,
+  local job = { kind = kind, fname = fname, mode = star and 1 or 0, fn = fn, fid = fid,
                 list = list, n = n, next = 1, left = n, chunksize = cs,
                 results = { n = n }, tries = {}, outcomes = opts.outcomes,
                 timeout = opts.timeout, pool = self }
@@ -613,7 +649,7 @@ local function new_job(self, fname, kind, fn, list, cs, star, default_cs)
 end
 
 local function map_results(self, job)
-  self:_run(function() return job.left == 0 end)
+  self:_run(function() return job.left == 0 end, nil, job.fname)
   if job.errors and not job.outcomes then error(job.errors[job.first_error], 0) end
   return job.results
 end
@@ -635,7 +671,7 @@ local function async_map(self, fname, fn, list, chunksize, star)
                             true)
   job.ar = new_result(self, opts)
   if job.n == 0 then resolve(job.ar, true, job.results) end
-  self:_run(function() return true end, 0)
+  self:_run(function() return true end, 0, fname)
   return job.ar
 end
 
@@ -652,6 +688,7 @@ end
 -- dispatched is dropped, what runs finishes and is discarded.
 local function abandon(self, job)
   if job.left > 0 and not job.abandoned then
+    if job.progress then drawn = nil end   -- its line is left as it was
     job.abandoned = true
     self.active = self.active - 1
   end
@@ -671,7 +708,7 @@ local function imap_iter(self, fname, kind, fn, list, chunksize)
       local pos = i
       self:_run(function()
         return got[pos] or job.errors and job.errors[pos] ~= nil
-      end)
+      end, nil, fname)
       local e = job.errors and job.errors[pos]
       if e then
         abandon(self, job)
@@ -688,7 +725,7 @@ local function imap_iter(self, fname, kind, fn, list, chunksize)
     if i >= job.n then return nil end
     i = i + 1
     if job.rhead > job.rtail then
-      self:_run(function() return job.rhead <= job.rtail end)
+      self:_run(function() return job.rhead <= job.rtail end, nil, fname)
     end
     local h = job.rhead
     local pos, v, ok = job.rpos[h], job.rval[h], job.rok[h]
@@ -757,6 +794,7 @@ local function apply_task(self, fname, fn, args, opts)
   local waiting = pos - job.next + 1
   if self.nmsg == 0 or waiting >= APPLY_BATCH
       or waiting >= APPLY_IDLE and self.nmsg < self.processes then
+    self.call = fname
     self:_drain()
     self:_dispatch()
   end
@@ -775,7 +813,7 @@ end
 
 --- pool:apply(fn [, args]) -> the value, or raises
 function Pool:apply(fn, args)
-  return apply_task(self, "Pool.apply", fn, args):get()
+  return get_value(apply_task(self, "Pool.apply", fn, args), nil, "Pool.apply")
 end
 
 --- close(): no new tasks; the submitted ones still run.
@@ -790,7 +828,7 @@ function Pool:join()
           .. "first)", 2)
   end
   if self.state == "close" then
-    self:_run(function() return self.active == 0 end)
+    self:_run(function() return self.active == 0 end, nil, "Pool.join")
     local _ <close> = interrupt_guard(self)
     S.stop_all(self)
     self.state = "joined"

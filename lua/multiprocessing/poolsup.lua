@@ -125,6 +125,7 @@ end
 -- Worker 'w' has exited: its unfinished items run again elsewhere, the one
 -- it was running fails (or is retried), and a new worker takes its slot.
 function Pool:_lost(w)
+  w.lost = true
   -- A worker killed while it wrote its results leaves that message half
   -- written, and the queue's readers wait for its end until some writer
   -- comes to pad it: the parent writes a no-op message itself (not
@@ -378,17 +379,23 @@ function M.stop_all(self)
     end
     if not live then return end
     local ok, err = pcall(live.ctx.join, live.ctx, SLICE)
-    if not ok and tostring(err):find("interrupted", 1, true) then
-      error(err, 0)
+    if not ok and core.isinstance(err, core.Interrupted) then
+      self.call = "Pool.join"
+      self:_interrupted()
     end
   end
 end
 
+-- Ctrl-C in a wait of the pool's: the pool is terminated, and the
+-- interrupt is raised as the public call's (self.call), at the user's line.
+function Pool:_interrupted()
+  self:terminate()
+  core._interrupt(self.call or "Pool", "the pool was terminated, its workers "
+                  .. "reaped")
+end
+
 function Pool:_queue_error(err)
-  if core.isinstance(err, core.Interrupted) then
-    self:terminate()
-    error("interrupted!", 0)
-  end
+  if core.isinstance(err, core.Interrupted) then self:_interrupted() end
   if type(err) == "string" and err:find("no other process", 1, true) then
     -- every worker is gone: look now, then wait on one for a moment
     self:_check()
