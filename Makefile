@@ -5,7 +5,9 @@
 #   make check-asan       the same specs under AddressSanitizer + UBSan,
 #                         plus a short fuzz run of the decoder
 #   make check            both of the above, then one "N passed, N failed" line
-#   make bench            benchmarks against the floors and Python's peers
+#   make bench            benchmarks against the floors and Python's peers,
+#                         compared with bench/baseline.json (REGRESSED rows)
+#   make bench-baseline   the last full bench run's ratios -> bench/baseline.json
 #   make soak             the Pool's random fault injection, long (SOAK_SECONDS)
 #   make example          the example orchestration in examples/
 #   make lint             luacheck on lua/ spec/ examples/ bench/ (.luacheckrc)
@@ -77,7 +79,7 @@ LAUNCHER_SRC = src/launcher/launcher.c src/launcher/relay.c src/launcher/rank.c
 LAUNCHER_OBJ = $(LAUNCHER_SRC:src/%.c=$(BUILD)/obj/%.o)
 LAUNCHER_SO  = $(BUILD)/multiprocessing/launcher.so
 
-.PHONY: all test check check-asan soak fuzz bench example lint install uninstall clean
+.PHONY: all test check check-asan soak fuzz bench bench-baseline example lint install uninstall clean
 all: $(CORE_SO) $(WORKER) $(LAUNCHER_SO)
 
 $(BUILD)/obj/%.o: src/%.c src/*.h
@@ -141,6 +143,11 @@ example: all
 
 bench: all
 	sh scripts/bench.sh
+
+# After a full `make bench`: build/bench/last.json's ratios become the
+# committed baseline (bench/guard.lua; a BENCH_QUICK run is refused).
+bench-baseline:
+	$(LUA) bench/guard.lua refresh
 
 LUACHECK ?= luacheck
 lint:

@@ -1,6 +1,9 @@
 -- bench/json.lua -- a small JSON decoder for the one-line outputs of the
 -- floors and the Python peers: objects, arrays, strings, numbers, true,
 -- false, null (-> nil).  decode(s) returns the value, or nil and an error.
+-- encode(v) writes the same subset back (build/bench/last.json, the
+-- baseline): tables with keys 1..n are arrays, others objects with their
+-- keys sorted, so that a file changes only where a value does.
 local M = {}
 
 local escapes = { b = "\b", f = "\f", n = "\n", r = "\r", t = "\t" }
@@ -81,6 +84,49 @@ function M.decode(s)
   end)
   if ok then return v end
   return nil, type(v) == "table" and v.json or tostring(v)
+end
+
+local function quote(s)
+  return '"' .. s:gsub('[%c"\\]', function(c)
+    return string.format("\\u%04x", c:byte())
+  end) .. '"'
+end
+
+local function encode(v, indent, out)
+  local t = type(v)
+  if t == "table" then
+    local inner = indent .. "  "
+    if #v > 0 or next(v) == nil then
+      out[#out + 1] = "["
+      for i, x in ipairs(v) do
+        out[#out + 1] = (i > 1 and "," or "") .. "\n" .. inner
+        encode(x, inner, out)
+      end
+      out[#out + 1] = (#v > 0 and "\n" .. indent or "") .. "]"
+    else
+      local keys = {}
+      for k in pairs(v) do keys[#keys + 1] = tostring(k) end
+      table.sort(keys)
+      out[#out + 1] = "{"
+      for i, k in ipairs(keys) do
+        out[#out + 1] = (i > 1 and "," or "") .. "\n" .. inner .. quote(k) .. ": "
+        encode(v[k], inner, out)
+      end
+      out[#out + 1] = "\n" .. indent .. "}"
+    end
+  elseif t == "string" then out[#out + 1] = quote(v)
+  elseif t == "number" then
+    if math.type(v) == "integer" then out[#out + 1] = tostring(v)
+    elseif v ~= v or v == math.huge or v == -math.huge then out[#out + 1] = "null"
+    else out[#out + 1] = string.format("%.6g", v) end
+  elseif t == "boolean" then out[#out + 1] = tostring(v)
+  else out[#out + 1] = "null" end
+end
+
+function M.encode(v)
+  local out = {}
+  encode(v, "", out)
+  return table.concat(out) .. "\n"
 end
 
 return M

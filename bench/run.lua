@@ -18,6 +18,7 @@
 -- PYTHON (default python3), LUA (default lua5.4).
 package.path = "./bench/?.lua;" .. package.path
 local json = require "json"
+local guard = require "guard"   -- last.json and the comparison with bench/baseline.json
 
 local QUICK = os.getenv("BENCH_QUICK") == "1"
 local LUA = os.getenv("LUA") or "lua5.4"
@@ -205,6 +206,7 @@ local function row(rows, spec)
     local why = skips[spec.key] or "no result"
     -- a skip reason is free text: it runs past the columns
     rows[#rows + 1] = { spec.name, skip = (why:gsub("^skipped: ", "")) }
+    guard.skip(spec, rows[#rows].skip)
     return
   end
   local samples = r[spec.field or "samples"]
@@ -234,9 +236,11 @@ local function row(rows, spec)
   end
   rows[#rows + 1] = { spec.name, fmtnum(m), spec.unit,
     fmtnum(p25) .. ".." .. fmtnum(p75), fmtx(xf), vp and fmtx(vp) or "", tgt }
+  guard.record(spec, m, p25, p75, xf, vp)
 end
 
 local function section(title)
+  guard.table(title)
   print("")
   print(title)
   print(string.rep("=", #title))
@@ -264,7 +268,8 @@ local function loadavg()
   if f then f:close() end
   return s:match("^(%S+ %S+ %S+)") or s
 end
-print(string.format("load average before the run: %s (other work on the machine skews every row)", loadavg()))
+local load_before = loadavg()
+print(string.format("load average before the run: %s (other work on the machine skews every row)", load_before))
 print("medians of repeated runs (p25..p75 beside); 'x floor' = cost per operation / the floor's,")
 print("'vs Python' = times faster than the Python peer; all ratios from this one run.")
 
@@ -631,7 +636,14 @@ do
   end
 end
 
+local commit = readline("git rev-parse --short HEAD") or "?"
+if readline("git status --porcelain --untracked-files=no | head -1") then commit = commit .. "+dirty" end
+local load_after = loadavg()
+guard.finish({ run = string.format("%s run of %s, commit %s, load %s -> %s", QUICK and "BENCH_QUICK" or "full",
+                                   os.date("!%Y-%m-%d %H:%M UTC", t_start), commit, load_before, load_after),
+               date = os.date("!%Y-%m-%dT%H:%M:%SZ", t_start), commit = commit, quick = QUICK,
+               load_before = load_before, load_after = load_after, seconds = os.time() - t_start }, QUICK)
 print("")
-print(string.format("bench: done in %d s; load average after the run: %s", os.time() - t_start, loadavg()))
+print(string.format("bench: done in %d s; load average after the run: %s", os.time() - t_start, load_after))
 os.remove(ERRFILE)
 os.exit(0)
