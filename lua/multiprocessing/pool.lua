@@ -209,6 +209,8 @@ function M.new(processes, opts)
   end
   local self = setmetatable({
     processes = processes, start_method = method,
+    script = type(arg) == "table" and type(arg[0]) == "string" and arg[0]
+             or "lua",
     initializer = opts.initializer, initargs = opts.initargs or {},
     maxtasks = opts.maxtasksperchild, timeout = opts.timeout,
     retries = retries,

@@ -45,6 +45,7 @@ function M.new_worker(pool, slot)
   pool.cur:set(slot, 0)
   local ok, ctx = pcall(mp.start_processes, W.worker, { {
       tasks = q, results = pool.results, board = pool.cur, slot = slot,
+      title = ("pool worker %d (%s)"):format(slot, pool.script),
       maxtasks = pool.maxtasks, initializer = pool.initializer,
       initargs = pool.initargs } }, 1, false, false, pool.start_method)
   if not ok then

@@ -143,11 +143,13 @@ end
 --- The body of a pool worker (a module function: it crosses by reference),
 -- configured by one table (poolsup.new_worker): { tasks = its Queue,
 -- results = the pool's result Queue, board = the pool's board, slot = its
--- word there, maxtasks, initializer, initargs }.
+-- word there, title = its process title, maxtasks, initializer, initargs }.
 function M.worker(_, cfg)
   local tasks, results, maxtasks = cfg.tasks, cfg.results, cfg.maxtasks
   local init, initargs = cfg.initializer, cfg.initargs
   tasks:_functions()
+  -- what ps, pgrep -f and top show (COMMON interface 4)
+  if core._set_title then core._set_title(cfg.title) end
   local mark = cfg.board:marker(cfg.slot)
   if init then init(unpack(initargs, 1, initargs.n or #initargs)) end
   mark(-1)
