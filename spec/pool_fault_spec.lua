@@ -181,6 +181,8 @@ for _, method in ipairs(H.methods) do
         assert.is_true(spins < 5000)
       end
       assert.are.equal(42, ar:get())
+      -- one descriptor for the pool, whichever AsyncResult asks
+      assert.are.equal(fd, pool:submit(function() end):fileno())
       pool:close()
       pool:join()
       assert.are.equal(-1, ar:fileno())

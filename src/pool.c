@@ -10,10 +10,16 @@
 ** writes which task it is running before each one.  A worker writes it
 ** through a marker, a C closure over the word's address, because it does
 ** so once per task and an Array's __newindex costs several times more.
+**
+** The waiter: an epoll descriptor over the pool's results queue and its
+** workers' contexts, made when an AsyncResult's fileno() is first asked
+** for, so that mp.wait (or an event loop) wakes when a result arrives and
+** when a worker ends, which no result would tell.
 */
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -22,6 +28,7 @@
 #include "sharing.h"
 
 #define BOARD_T "multiprocessing.PoolBoard"
+#define WAITER_T "multiprocessing.PoolWaiter"
 
 typedef struct Board {
   mp_Seg seg;
@@ -147,6 +154,50 @@ static int l_check_sendable(lua_State *L) {
   return 0;
 }
 
+/* --- the waiter -------------------------------------------------------- */
+
+static int *check_waiter(lua_State *L) {
+  int *epfd = (int *)luaL_checkudata(L, 1, WAITER_T);
+  if (*epfd < 0) luaL_error(L, "attempt to use a closed waiter");
+  return epfd;
+}
+
+/* _waiter() -> a waiter (an epoll descriptor watching nothing yet) */
+static int l_waiter(lua_State *L) {
+  int *epfd = (int *)lua_newuserdatauv(L, sizeof(int), 0);
+  *epfd = -1;
+  luaL_setmetatable(L, WAITER_T);
+  if ((*epfd = epoll_create1(EPOLL_CLOEXEC)) < 0)
+    return luaL_error(L, "epoll_create1: %s", strerror(errno));
+  return 1;
+}
+
+/* waiter:add(fd): readable when fd is (a descriptor closed since leaves
+** the set by itself; one already in it stays) */
+static int waiter_add(lua_State *L) {
+  int *epfd = check_waiter(L);
+  int fd = (int)mp_checkinteger(L, 2);
+  struct epoll_event ev;
+  memset(&ev, 0, sizeof ev);
+  ev.events = EPOLLIN;
+  ev.data.fd = fd;
+  if (epoll_ctl(*epfd, EPOLL_CTL_ADD, fd, &ev) != 0 && errno != EEXIST)
+    return luaL_error(L, "epoll_ctl: %s", strerror(errno));
+  return 0;
+}
+
+static int waiter_fileno(lua_State *L) {
+  lua_pushinteger(L, *check_waiter(L));
+  return 1;
+}
+
+static int waiter_close(lua_State *L) {
+  int *epfd = (int *)luaL_checkudata(L, 1, WAITER_T);
+  if (*epfd >= 0) close(*epfd);
+  *epfd = -1;
+  return 0;
+}
+
 /* _nofile_at_least(n) -> the soft limit on open descriptors, raised to n
 ** (at most to the hard limit) when it was lower: a pool holds several
 ** descriptors per worker.  The workers inherit the raised limit. */
@@ -199,13 +250,23 @@ void mp_open_pool(lua_State *L) {
     {"get", board_get}, {"set", board_set}, {"marker", board_marker},
     {"close", board_close}, {NULL, NULL}
   };
+  static const luaL_Reg waiter_meta[] = {
+    {"__gc", waiter_close}, {"__close", waiter_close}, {NULL, NULL}
+  };
+  static const luaL_Reg waiter_methods[] = {
+    {"add", waiter_add}, {"fileno", waiter_fileno}, {"close", waiter_close},
+    {NULL, NULL}
+  };
   static const luaL_Reg funcs[] = {
+    {"_waiter", l_waiter},
     {"_exception", l_exception}, {"_plain", l_plain}, {"_board", l_board},
     {"_check_sendable", l_check_sendable},
     {"_nofile_at_least", l_nofile_at_least},
     {NULL, NULL}
   };
   mp_new_class(L, BOARD_T, board_meta, board_methods);
+  lua_pop(L, 1);
+  mp_new_class(L, WAITER_T, waiter_meta, waiter_methods);
   lua_pop(L, 1);
   mp_codec_register(L, &board_codec);
   open_timeout_error(L);

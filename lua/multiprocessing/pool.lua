@@ -124,13 +124,11 @@ function AsyncResult:ready()
   return self.done
 end
 
---- ar:fileno() -> the pool's results descriptor, readable when results
--- may have arrived (mp.wait then calls ar:ready()); -1 once the pool has
--- let it go (every result is settled by then).
+--- ar:fileno() -> the pool's waiter, a descriptor readable when results
+-- may have arrived or a worker ended (mp.wait then calls ar:ready()); -1
+-- once the pool has let its workers go (every result is settled by then).
 function AsyncResult:fileno()
-  local results = self.pool.results
-  local ok, fd = pcall(results.fileno, results)
-  return ok and fd or -1
+  return self.pool:_fileno()
 end
 
 --- ar:cancel() -> true when the call had not been sent to a worker: it
@@ -878,7 +876,22 @@ function Pool:terminate()
   self:_release()
 end
 
+-- The waiter (src/pool.c) over the results queue and every worker's
+-- context, made on first use.
+function Pool:_fileno()
+  if self.state == "joined" or self.state == "terminate" then return -1 end
+  if not self.waiter then
+    self.waiter = core._waiter()
+    self.waiter:add(self.results:fileno())
+    for _, w in S.all_workers(self) do
+      if w.ctx then self.waiter:add(w.ctx:fileno()) end
+    end
+  end
+  return self.waiter:fileno()
+end
+
 function Pool:_release()
+  if self.waiter then self.waiter:close() end
   if self.results then self.results:close() end
   if self.cur then self.cur:close() end
 end

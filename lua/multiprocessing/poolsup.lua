@@ -57,6 +57,7 @@ function M.new_worker(pool, slot)
               assigned = 0, size = 1, fns = {}, nfns = 0,
               seen = 0, since = now() }
   pool.workers[slot] = w
+  if pool.waiter then pool.waiter:add(ctx:fileno()) end
   return w
 end
 local new_worker = M.new_worker
