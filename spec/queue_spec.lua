@@ -4,6 +4,7 @@
 -- descriptors that do not come; and CPython's _TestQueue/_TestConnection.
 local mp = require "multiprocessing"
 local H = require "helpers"
+local core = require "multiprocessing.core"
 
 
 -- C helpers compiled for the specs (spec/host/): a host with a SIGUSR1
@@ -392,7 +393,7 @@ for _, method in ipairs(H.methods) do
       a:close()
     end)
 
-    it("a timed get waits for its deadline, then says closed; items left come first", function()
+    it("a timed get says closed once the writers are gone; items left come first", function()
       local q <close> = mp.Queue()
       local ctx = start(function(_, qq) qq:put(1); qq:put(nil); qq:put(3) end, { q })
       assert.is_true(ctx:join(10))
@@ -403,6 +404,66 @@ for _, method in ipairs(H.methods) do
       assert.are.same({ nil, "empty" }, { q:get_nowait() })
       assert.are.same({ nil, "closed" }, { q:get() })
     end)
+
+    -- issue 16 item 5: a consumer loop with get(60) / recv(60) must not
+    -- stall its whole timeout at the end of every stream
+    it("a timed get or recv says closed as soon as no other process can write, not at its deadline", function()
+      local q <close> = mp.Queue()
+      local a, b = mp.Pipe()
+      local ctx = start(function(_, qq, conn)
+        for i = 1, 100 do qq:put(i); conn:send(i) end
+      end, { q, b })
+      b:close()
+      local t0, got, why = core._now(), 0, nil
+      repeat
+        local v, w = q:get(60)
+        if v then got = got + 1 end
+        why = w
+      until v == nil
+      assert.are.same({ 100, "closed" }, { got, why })
+      got = 0
+      repeat
+        local v, w = a:recv(60)
+        if v then got = got + 1 end
+        why = w
+      until v == nil
+      assert.are.same({ 100, "closed" }, { got, why })
+      -- the deadlines were a minute away: a bound that only a wait for them breaks
+      assert.is_true(core._now() - t0 < 50, "waited for the deadline")
+      assert.is_true(ctx:join(60))
+      a:close()
+    end)
+
+    -- issue 16 item 5: LUA_MP_TEST_HOOK=put_counted SIGKILLs the writer after
+    -- it counted its message and before any byte of it is published
+    for _, kind in ipairs({ "Queue", "JoinableQueue" }) do
+      it(kind .. ": a writer killed between counting a message and publishing it gives back qsize and the slot", function()
+        local q <close> = mp[kind](1)
+        local a, b = mp.Pipe()
+        local ctx = start(function(_, conn, raw)
+          assert(package.loadlib(raw, "luaopen_raw")().setenv("LUA_MP_TEST_HOOK", "put_counted"))
+          local qq = conn:recv()            -- a handle of its own, made with the hook set
+          qq:put("never published")         -- dies here
+          os.exit(3)
+        end, { b, rawmod })
+        assert.is_true(a:send(q))
+        local ok, e = pcall(ctx.join, ctx, 60)
+        assert.is_false(ok)
+        assert.are.equal("SIGKILL", e.signal_name, tostring(e))
+        assert.are.equal(0, q:qsize())
+        assert.is_true(q:empty())
+        assert.is_false(q:full())
+        assert.is_true(q:put("next", 0))    -- the bounded queue's one slot is free
+        assert.are.equal(1, q:qsize())
+        assert.are.equal("next", q:get(0))
+        if kind == "JoinableQueue" then     -- and nothing unfinished is left over
+          q:task_done()
+          assert.is_true(q:join(0))
+        end
+        a:close()
+        b:close()
+      end)
+    end
 
     it("put to a full queue nobody else can read says closed", function()
       local q <close> = mp.Queue(1)

@@ -29,10 +29,17 @@
 ** Liveness (mp_Peers, sync.c): every process using a channel holds a slot
 ** while attached; workers handed it hold proxies until they attach; copies
 ** inside messages count as in flight.  A get that cannot progress learns
-** that no other process can ever write again: an untimed one returns nil,
-** "closed" at once, a timed one waits for its deadline and then returns
-** nil, "closed" instead of nil, "timeout".  Never before a process that was
-** handed the channel has attached or died.
+** that no other process can ever write again returns nil, "closed" as soon
+** as it is known (a look about every MP_SLICE while it sleeps), timed or
+** not: a consumer's recv(30) does not wait out its 30 s at the end of a
+** stream.  Never before a process that was handed the channel has attached
+** or died.  A put to a ring nobody else can read is told the same way.
+**
+** Counting: a writer counts its message (qsize, a bounded Queue's slots)
+** under wlock before it publishes it, and records where it starts
+** (counted_at).  One killed between the two leaves the count one too high:
+** the next writer, or qsize/empty/full, finds the lock's owner dead and
+** nothing published since counted_at, and takes the count back.
 **
 ** The last process to close a channel (or the last reader of a pipe's
 ** direction) decodes and closes what is left in it, so the shared objects
@@ -101,6 +108,8 @@ typedef struct Ring {
   uint32_t watched;       /* someone polls the eventfd: writers signal it */
   uint64_t wpending;      /* bytes the current writer still owes */
   uint64_t rpending;      /* bytes the current reader still has to take */
+  uint64_t counted_at;    /* under wlock: the writer counted a message that
+                             starts at tail counted_at - 1; 0: none */
   pthread_mutex_t wlock, rlock;
 } Ring;
 
@@ -136,6 +145,7 @@ typedef struct Chan {
   size_t rbufcap;         /* for every big message means page faults */
   int codec;              /* MP_CODEC_DATA; a pool's own task queue sets
                              MP_CODEC_FUNCTIONS on its two handles */
+  int hook;               /* a test hook (LUA_MP_TEST_HOOK) */
 } Chan;
 
 typedef struct Inbox {
@@ -350,10 +360,8 @@ typedef struct Waiter {
   int r;
   int what;
   uint64_t need;          /* W_DATA: bytes available; W_SPACE: free bytes */
-  int peers;              /* 0: never ask whether the peers are gone;
-                             1: while asleep when untimed, at the deadline
-                             when timed; 2: as soon as known (poll) */
-  int timed;
+  int peers;              /* ask whether the peers are gone: while asleep,
+                             and at the deadline */
 } Waiter;
 
 static uint64_t avail(Chan *c, int r) {
@@ -407,7 +415,7 @@ static int gone(const Waiter *x) {
 static int waiter_check(void *arg) {
   Waiter *x = (Waiter *)arg;
   if (x->what == W_REST && abandoned(x->c, x->r)) return MP_SKIPPED;
-  if (x->peers && (!x->timed || x->peers == 2) && gone(x)) return MP_PEERGONE;
+  if (x->peers && gone(x)) return MP_PEERGONE;
   return MP_OK;
 }
 
@@ -420,7 +428,6 @@ static int wait_for(Waiter *x, mp_Wait *w) {
   on.ready = waiter_ready;
   on.check = waiter_check;
   on.arg = x;
-  x->timed = w->deadline >= 0;
   st = mp_wait_for(w, &on);
   /* a timed wait learns at its deadline whether it could ever end */
   if (st == MP_TIMEOUT && x->peers && w->deadline > w->started)
@@ -434,7 +441,6 @@ static void waiter_init(Waiter *x, Chan *c, int r, int what, uint64_t need) {
   x->what = what;
   x->need = need;
   x->peers = what != W_DONE;
-  x->timed = 0;
 }
 
 static void wake(uint32_t *word, uint32_t *waiters) {
@@ -571,6 +577,7 @@ static int retract(Chan *c, int r, uint64_t start) {
   if (ld64(&g->head) == start && g->rpending == 0) {
     __atomic_store_n(&g->tail, start, __ATOMIC_SEQ_CST);
     __atomic_sub_fetch(&g->count, 1, __ATOMIC_SEQ_CST);
+    g->counted_at = 0;
     g->wpending = 0;
     wake(&g->spaceseq, &g->wwait);
     done = 1;
@@ -609,7 +616,7 @@ static int sock_wait(Chan *c, int fd, short events, mp_Wait *w, int timed) {
   pf.fd = fd;
   pf.events = events;
   poll(&pf, 1, (int)(sl * 1000) + 1);
-  if (!timed && peers_gone(c)) return MP_PEERGONE;
+  if (peers_gone(c)) return MP_PEERGONE;
   if (mp_wait_interrupted(w)) return MP_INTERRUPT;
   return MP_OK;
 }
@@ -637,8 +644,65 @@ static int send_fds(Chan *c, uint32_t seq, const int *fds, size_t nfds,
   return MP_OK;
 }
 
+/* The test hooks: LUA_MP_TEST_HOOK=put_counted SIGKILLs a writer between
+** counting its message and publishing any of it.  Read once per handle. */
+enum { HOOK_NONE, HOOK_PUT_COUNTED };
+
+static int test_hook(void) {
+  const char *v = getenv("LUA_MP_TEST_HOOK");
+  return v != NULL && strcmp(v, "put_counted") == 0 ? HOOK_PUT_COUNTED
+                                                    : HOOK_NONE;
+}
+
+static void unfinished_add(Chan *c, int64_t n) {
+  ChanHdr *h = chan_hdr(c);
+  if (__atomic_add_fetch(&h->unfinished, n, __ATOMIC_SEQ_CST) <= 0)
+    wake(&h->doneseq, &h->donewait);
+}
+
+/* With wlock held: the message about to start at the tail is counted (and,
+** in a JoinableQueue, unfinished); counted_at first, so that a writer
+** killed in between is taken back (uncount). */
+static void count_message(Chan *c, int r) {
+  Ring *g = chan_ring(c, r);
+  g->counted_at = g->tail + 1;
+  __atomic_add_fetch(&g->count, 1, __ATOMIC_SEQ_CST);
+  if (chan_hdr(c)->joinable) unfinished_add(c, 1);
+  if (c->hook == HOOK_PUT_COUNTED) kill(getpid(), SIGKILL);
+}
+
+/* With wlock held: a message counted and never published (its writer died
+** before its first byte) is uncounted; a slot of a bounded Queue comes
+** back. */
+static void uncount(Chan *c, int r) {
+  Ring *g = chan_ring(c, r);
+  if (g->counted_at == 0) return;
+  if (g->counted_at == ld64(&g->tail) + 1) {
+    __atomic_sub_fetch(&g->count, 1, __ATOMIC_SEQ_CST);
+    if (chan_hdr(c)->joinable) unfinished_add(c, -1);
+    g->wpending = 0;
+    wake(&g->spaceseq, &g->wwait);
+  }
+  g->counted_at = 0;
+}
+
+/* For the counts read without wlock (qsize, empty, full, drain): a count
+** left by a dead writer is taken back first.  Free unless one was left. */
+static void settle_count(Chan *c, int r) {
+  Ring *g = chan_ring(c, r);
+  int e;
+  if (__atomic_load_n(&g->counted_at, __ATOMIC_SEQ_CST) == 0) return;
+  e = pthread_mutex_trylock(&g->wlock);
+  if (e == EOWNERDEAD) pthread_mutex_consistent(&g->wlock);
+  else if (e != 0) return;        /* a writer at work: its count is right */
+  uncount(c, r);
+  pthread_mutex_unlock(&g->wlock);
+}
+
 /* Writes one message.  Returns MP_OK, MP_TIMEOUT, MP_INTERRUPT,
-** MP_PEERGONE or an errno. */
+** MP_PEERGONE or an errno.  A JoinableQueue's message is unfinished from
+** its count on, and no longer once it failed (taken back, or skipped by
+** its reader). */
 static int chan_write(Chan *c, const void *data, size_t n, const int *fds,
                       size_t nfds, uint32_t flags, mp_Wait *w) {
   int r = c->wring, st;
@@ -646,9 +710,11 @@ static int chan_write(Chan *c, const void *data, size_t n, const int *fds,
   uint64_t cap = chan_hdr(c)->cap, total = MSG_HDR + n + MSG_END, end;
   MsgHdr mh;
   Waiter x;
+  int counted = 0;
   st = mp_mutex_lock(&g->wlock, w);
   if (st == MP_OWNERDEAD) st = MP_OK;
   if (st != MP_OK) return st;
+  uncount(c, r);
   if ((st = writer_recover(c, r, w)) != MP_OK) goto done;
   waiter_init(&x, c, r, W_SLOT, 0);
   if ((st = wait_for(&x, w)) != MP_OK) goto done;
@@ -667,7 +733,8 @@ static int chan_write(Chan *c, const void *data, size_t n, const int *fds,
   mh.pad = 0;
   end = TRAILER_MAGIC | mh.seq;
   if (nfds && (st = send_fds(c, mh.seq, fds, nfds, w)) != MP_OK) goto done;
-  __atomic_add_fetch(&g->count, 1, __ATOMIC_SEQ_CST);
+  count_message(c, r);
+  counted = 1;
   if (total <= cap - avail(c, r)) {
     /* the common case: one copy, one publication */
     uint64_t t = g->tail;
@@ -686,7 +753,9 @@ static int chan_write(Chan *c, const void *data, size_t n, const int *fds,
       wake(&g->dataseq, &g->rwait);  /* the reader in it skips the rest */
   }
   if (st == MP_OK && ld32(&g->watched)) ev_signal(c->wevfd);
+  if (st != MP_OK && counted && chan_hdr(c)->joinable) unfinished_add(c, -1);
 done:
+  g->counted_at = 0;
   pthread_mutex_unlock(&g->wlock);
   return st;
 }
@@ -924,6 +993,7 @@ static void chan_drain(lua_State *L, Chan *c, int only) {
     Ring *g = chan_ring(c, r);
     int e;
     if (only >= 0 && r != only) continue;
+    settle_count(c, r);
     e = pthread_mutex_trylock(&g->rlock);
     if (e == EOWNERDEAD) pthread_mutex_consistent(&g->rlock);
     else if (e != 0) continue;
@@ -985,11 +1055,6 @@ static int push_outcome(lua_State *L, Chan *c, int st, const char *op,
   return 2;
 }
 
-static void unfinished_add(Chan *c, int64_t n) {
-  ChanHdr *h = chan_hdr(c);
-  if (__atomic_add_fetch(&h->unfinished, n, __ATOMIC_SEQ_CST) <= 0)
-    wake(&h->doneseq, &h->donewait);
-}
 
 static int put_impl(lua_State *L, Chan *c, int vidx, double timeout,
                     const char *op, int raw) {
@@ -1013,10 +1078,8 @@ static int put_impl(lua_State *L, Chan *c, int vidx, double timeout,
               c->kind == K_QUEUE ? "through a Queue" : "through a Pipe", &enc);
   }
   mp_wait_init(&w, L, timeout);
-  if (chan_hdr(c)->joinable) unfinished_add(c, 1);
   st = chan_write(c, enc.data, enc.size, enc.fds, enc.nfds, flags, &w);
   if (st != MP_OK) {
-    if (chan_hdr(c)->joinable) unfinished_add(c, -1);
     if (flags == 0) unsend(L, c, &enc);
     return push_outcome(L, c, st, op, timeout == 0 ? "full" : "timeout");
   }
@@ -1097,13 +1160,16 @@ static int queue_get_nowait(lua_State *L) {
 
 static int queue_qsize(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  int64_t n = count_of(c, 0);
+  int64_t n;
+  settle_count(c, 0);
+  n = count_of(c, 0);
   lua_pushinteger(L, n < 0 ? 0 : n);
   return 1;
 }
 
 static int queue_empty(lua_State *L) {
   Chan *c = checkchan(L, 1);
+  settle_count(c, 0);
   lua_pushboolean(L, count_of(c, 0) <= 0);
   return 1;
 }
@@ -1111,6 +1177,7 @@ static int queue_empty(lua_State *L) {
 static int queue_full(lua_State *L) {
   Chan *c = checkchan(L, 1);
   int64_t m = chan_hdr(c)->maxsize;
+  settle_count(c, 0);
   lua_pushboolean(L, m > 0 && count_of(c, 0) >= m);
   return 1;
 }
@@ -1216,7 +1283,6 @@ static int conn_poll(lua_State *L) {
                       chan_what(c));
   mp_wait_init(&w, L, t);
   waiter_init(&x, c, c->rring, W_DATA, 1);
-  x.peers = 2;
   st = wait_for(&x, &w);
   if (st == MP_TIMEOUT && t == 0 && peers_gone(c)) st = MP_PEERGONE;
   if (st == MP_INTERRUPT) return raise_status(L, c, st, "poll");
@@ -1268,6 +1334,7 @@ static Chan *newchan(lua_State *L, int kind, int joinable) {
   c->rring = c->wring = -1;
   c->kind = kind;
   c->end = -1;
+  c->hook = test_hook();
   luaL_setmetatable(L, kind == K_CONN ? CONN_T : joinable ? JQUEUE_T : QUEUE_T);
   return c;
 }

@@ -1,9 +1,12 @@
 /*
 ** raw.c -- a tiny Lua module for queue_spec.lua: raw.send(fd, bytes) writes
 ** to a socket behind the library's back, raw.poll(fd, ms) tells whether
-** fd becomes readable.
+** fd becomes readable, raw.setenv(name, value) sets a variable of this
+** process (a worker turning a test hook on for itself).
 */
+#define _POSIX_C_SOURCE 200809L
 #include <poll.h>
+#include <stdlib.h>
 #include <sys/socket.h>
 #include "lua.h"
 #include "lauxlib.h"
@@ -21,10 +24,16 @@ static int l_poll(lua_State *L) {
                      (pf.revents & POLLIN));
   return 1;
 }
+static int l_setenv(lua_State *L) {
+  lua_pushboolean(L, setenv(luaL_checkstring(L, 1), luaL_checkstring(L, 2),
+                            1) == 0);
+  return 1;
+}
 int luaopen_raw(lua_State *L);
 int luaopen_raw(lua_State *L) {
-  lua_createtable(L, 0, 2);
+  lua_createtable(L, 0, 3);
   lua_pushcfunction(L, l_send); lua_setfield(L, -2, "send");
   lua_pushcfunction(L, l_poll); lua_setfield(L, -2, "poll");
+  lua_pushcfunction(L, l_setenv); lua_setfield(L, -2, "setenv");
   return 1;
 }
