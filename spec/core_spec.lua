@@ -66,7 +66,7 @@ for _, method in ipairs(H.methods) do
       assert.is_false(mp.isinstance(e, mp.ProcessExitedException))
       assert.are.equal(1, e.error_index)
       assert.are.equal(e.error_pid, e.pid)
-      assert.are.equal(tostring(e), e.msg)
+      assert.are.equal("ProcessRaisedException: " .. e.msg, tostring(e))
       local head = "\n\n-- Process 1 terminated with the following error:\n"
       assert.are.equal(head, e.msg:sub(1, #head))
       assert.truthy(e.msg:find("stack traceback", 1, true))

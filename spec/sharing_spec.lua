@@ -397,3 +397,63 @@ describe("file_system segments", function()
   end)
 end)
 
+
+-- issue 19 item 8: what tostring prints is the object's state as of now
+describe("tostring tells the truth, live", function()
+  H.leak_check(before_each, after_each)
+
+  it("Value with its value, Array with its type, length and first elements", function()
+    local v <close> = mp.Value("double", 2.5)
+    assert.are.equal("multiprocessing.Value(double, 2.5, shared, file_descriptor)", tostring(v))
+    v.value = -1
+    assert.are.equal("multiprocessing.Value(double, -1.0, shared, file_descriptor)", tostring(v))
+    local a <close> = mp.Array("int32", 1000)
+    a[2] = 42
+    assert.are.equal("multiprocessing.Array(int32, 1000, shared, file_descriptor): "
+                     .. "{0, 42, 0, 0, 0, 0, 0, 0, ...}", tostring(a))
+    local s <close> = mp.Array("int8", { 1, -2, 3 }, { shared = false })
+    assert.are.equal("multiprocessing.Array(int8, 3, private): {1, -2, 3}", tostring(s))
+    local c <close> = mp.Array("char", 'hi "x"\0')
+    assert.are.equal('multiprocessing.Array(char, 7, shared, file_descriptor): "hi \\34x\\34\\0"',
+                     tostring(c))
+    a:close()
+    assert.are.equal("multiprocessing.Array(int32, 1000, closed)", tostring(a))
+  end)
+
+  it("a ProcessContext counts its running and finished workers as of now", function()
+    local e <close> = mp.Event()
+    local ctx = mp.start_processes(function(i, ev)
+      if i == 1 then os.exit(3) end
+      if i == 2 then return end
+      ev:wait(60)
+    end, { e }, 3, false, false, "fork")
+    -- no join: tostring itself sees the two that ended
+    assert.is_truthy(H.eventually(function()
+      return tostring(ctx):find("3 processes: 1 running, 2 done, 1 failed", 1, true)
+    end, 30), tostring(ctx))
+    assert.matches("^ProcessContext %(fork, ", tostring(ctx))
+    e:set()
+    assert.is_false(pcall(ctx.join, ctx, 60))
+    assert.truthy(tostring(ctx):find("0 running, 3 done, 1 failed", 1, true), tostring(ctx))
+  end)
+
+  it("current_process() prints as a process; exceptions print their type first", function()
+    local me = mp.current_process()
+    assert.are.equal(("MainProcess (pid %d, running)"):format(me.pid), tostring(me))
+    local r = mp.start_processes(function()
+      return tostring(require("multiprocessing").current_process())
+    end, {}, 2, true, false, "fork")
+    assert.matches("^Process 0 %(pid %d+, running%)$", r[1])
+    assert.matches("^Process 1 %(pid %d+, running%)$", r[2])
+    local ok, e = pcall(mp.start_processes, function() os.exit(5) end, {}, 1, true, false, "fork")
+    assert.is_false(ok)
+    assert.are.equal("ProcessExitedException: " .. e.msg, tostring(e))
+    ok, e = pcall(mp.start_processes, function() error("boom") end, {}, 1, true, false, "fork")
+    assert.is_false(ok)
+    assert.are.equal("ProcessRaisedException: " .. e.msg, tostring(e))
+    -- an Interrupted says what it is in its message already
+    ok, e = pcall(require("multiprocessing.core")._interrupt, "Queue.get", "nothing was taken")
+    assert.is_false(ok)
+    assert.are.equal("interrupted: SIGINT during Queue.get; nothing was taken", tostring(e))
+  end)
+end)

@@ -737,15 +737,68 @@ static int array_len(lua_State *L) {
   return 1;
 }
 
+#define SHOWN 8      /* elements tostring shows (chars: 8 times more) */
+
+/* Adds the first elements to b, as they are now (read without the lock:
+** printing never waits): "{1, 2, 3, ...}", or a char array's bytes as a
+** quoted string. */
+static void add_elems(luaL_Buffer *b, const Array *a) {
+  lua_State *L = b->L;
+  size_t i, n = a->ct == E_CHAR ? SHOWN * 8 : SHOWN;
+  if (a->ct == E_CHAR) {
+    luaL_addchar(b, '"');
+    for (i = 0; i < a->n && i < n; i++) {
+      unsigned char ch = a->data[i];
+      if (ch >= 32 && ch < 127 && ch != '"' && ch != '\\')
+        luaL_addchar(b, (char)ch);
+      else {
+        lua_pushfstring(L, "\\%d", (int)ch);
+        luaL_addvalue(b);
+      }
+    }
+    luaL_addstring(b, a->n > n ? "\"..." : "\"");
+    return;
+  }
+  luaL_addchar(b, '{');
+  for (i = 0; i < a->n && i < n; i++) {
+    if (i > 0) luaL_addstring(b, ", ");
+    push_elem(L, a, i);
+    luaL_tolstring(L, -1, NULL);
+    lua_remove(L, -2);
+    luaL_addvalue(b);
+  }
+  luaL_addstring(b, a->n > n ? ", ...}" : "}");
+}
+
+/* multiprocessing.Array(int32, 1000, shared, file_descriptor): {0, 1, ...}
+** multiprocessing.Value(double, 2.5, shared, file_descriptor) */
 static int array__tostring(lua_State *L) {
   Array *a = toarray(L, 1);
+  luaL_Buffer b;
   const char *how = !a->data ? "closed"
                   : !a->map ? "private"
                   : a->map->seg.kind == MP_SEG_NAME ? "shared, file_system"
                   : "shared, file_descriptor";
-  lua_pushfstring(L, "multiprocessing.%s(%s, %I, %s)",
-                  a->isvalue ? "Value" : "Array", ctypes[a->ct].name,
-                  (lua_Integer)a->n, how);
+  luaL_buffinit(L, &b);
+  lua_pushfstring(L, "multiprocessing.%s(%s, ", a->isvalue ? "Value" : "Array",
+                  ctypes[a->ct].name);
+  luaL_addvalue(&b);
+  if (a->isvalue && a->data) {
+    push_elem(L, a, 0);
+    luaL_tolstring(L, -1, NULL);
+    lua_remove(L, -2);
+  } else {
+    lua_pushfstring(L, "%I", (lua_Integer)a->n);
+  }
+  luaL_addvalue(&b);
+  luaL_addstring(&b, ", ");
+  luaL_addstring(&b, how);
+  luaL_addchar(&b, ')');
+  if (!a->isvalue && a->data) {
+    luaL_addstring(&b, ": ");
+    add_elems(&b, a);
+  }
+  luaL_pushresult(&b);
   return 1;
 }
 

@@ -26,11 +26,24 @@ static int exception_index(lua_State *L) {
   return 1;
 }
 
-/* tostring(e) == e.msg, so an uncaught exception prints its full text. */
+/* tostring(e): its type, then e.msg, as Python prints an exception
+** ("ProcessExitedException: process 3 terminated with exit code 123"), so
+** an uncaught one says what it is and its full text.  An Interrupted's
+** msg starts with what it is already ("interrupted: SIGINT during ..."). */
 static int exception_tostring(lua_State *L) {
+  const char *name, *dot;
   lua_getiuservalue(L, 1, 1);                         /* e fields */
   if (lua_getfield(L, -1, "msg") != LUA_TSTRING)      /* e fields msg */
     lua_pushstring(L, "(process exception without a message)");
+  if (luaL_getmetafield(L, 1, "__name") != LUA_TSTRING)   /* ... msg name */
+    return 1;
+  name = lua_tostring(L, -1);
+  if (strcmp(name, MP_EXC_INTERRUPTED) == 0) {
+    lua_pop(L, 1);
+    return 1;
+  }
+  dot = strrchr(name, '.');
+  lua_pushfstring(L, "%s: %s", dot ? dot + 1 : name, lua_tostring(L, -2));
   return 1;
 }
 
