@@ -240,6 +240,61 @@ describe("Queue and Pipe in one process: contracts", function()
     assert.are.equal(shm0, #H.shm())                       -- its name is gone
   end)
 
+  -- issue 19 item 8
+  it("tostring says the state as of now: items, maxsize, unfinished, the other end", function()
+    local q <close> = mp.Queue(10)
+    assert.matches("^multiprocessing%.Queue %(0 items, maxsize 10%): 0x%x+$", tostring(q))
+    q:put(1)
+    assert.matches("^multiprocessing%.Queue %(1 item, maxsize 10%)", tostring(q))
+    local j <close> = mp.JoinableQueue()
+    j:put(1); j:put(2); j:get()
+    assert.matches("^multiprocessing%.JoinableQueue %(1 item, 2 unfinished%)", tostring(j))
+    local a, b = mp.Pipe()
+    b:send("x")
+    assert.matches("^multiprocessing%.Connection %(duplex, 1 message to read%): 0x%x+$", tostring(a))
+    b:close()
+    assert.matches("^multiprocessing%.Connection %(duplex, 1 message to read, the other end closed%)",
+                   tostring(a))
+    assert.are.equal("multiprocessing.Connection (closed)", tostring(b))
+    a:close()
+    local r, w = mp.Pipe(false)
+    assert.matches("^multiprocessing%.Connection %(read%-only, 0 messages to read%)", tostring(r))
+    assert.matches("^multiprocessing%.Connection %(write%-only%)", tostring(w))
+    r:close(); w:close()
+    q:close()
+    assert.are.equal("multiprocessing.Queue (closed)", tostring(q))
+  end)
+
+  -- issue 19 item 9
+  it("checks the arguments of every constructor, naming it and the argument", function()
+    local function err(f, ...)
+      local ok, e = pcall(f, ...)
+      assert.is_false(ok)
+      return e
+    end
+    assert.matches("bad argument #1 to '[%w.]*Pipe' %(boolean expected, got string%)", err(mp.Pipe, "yes"))
+    assert.matches("bad argument #2 to '[%w.]*Pipe' %(table expected", err(mp.Pipe, true, 5))
+    assert.matches("bad argument #1 to '[%w.]*SimpleQueue' %(no argument expected", err(mp.SimpleQueue, 5))
+    assert.matches("bad argument #1 to '[%w.]*Queue' %(number expected", err(mp.Queue, "x"))
+    assert.matches("bad argument #1 to '[%w.]*JoinableQueue' %(number expected", err(mp.JoinableQueue, {}))
+    -- the position is the caller's, as for every function the C side raises from
+    local line = debug.getinfo(1, "l").currentline + 1
+    local e = err(function() return mp.Pipe(1) end)
+    assert.truthy(e:find("queue_spec.lua:" .. line .. ": bad argument #1", 1, true), e)
+  end)
+
+  it("a function sent through a Queue or a Pipe: which part of the item, and why", function()
+    local q <close> = mp.Queue()
+    local e = select(2, pcall(q.put, q, { cb = function() end }))
+    assert.truthy(e:find("cannot send item.cb (function) through a Queue: ", 1, true), e)
+    assert.truthy(e:find("a function crosses to another process only as the function or an argument "
+                         .. "of start_processes, spawn or a Pool task", 1, true), e)
+    local a, b = mp.Pipe()
+    e = select(2, pcall(a.send, a, function() end))
+    assert.truthy(e:find("cannot send item (function) through a Pipe: ", 1, true), e)
+    a:close(); b:close()
+  end)
+
   it("Connection readable and writable", function()
     local a, b = mp.Pipe()
     local _ab <close> = closing(a, b)
@@ -633,6 +688,10 @@ for _, method in ipairs(H.methods) do
       assert.are.equal("hi", r:recv(10))
       assert.matches("write%-only", select(2, pcall(w.recv, w)))
       assert.matches("read%-only", select(2, pcall(r.send, r, 1)))
+      -- issue 20 item 8: the writing end has nothing to wait for (doc/api.md)
+      assert.are.equal("Connection.fileno: this end of the pipe is write-only",
+                       (select(2, pcall(w.fileno, w)):gsub("^[^:]+:%d+: ", "")))
+      assert.is_number(r:fileno())
       assert.is_true(ctx:join(10))
       r:close(); w:close()
     end)

@@ -548,6 +548,25 @@ for _, method in ipairs(H.methods) do
   end)
 end
 
+-- issue 19 item 9: a constructor given what it does not take raises
+describe("sync constructors check their arguments", function()
+  it("Lock, RLock and Event take none; the others say which argument", function()
+    for _, name in ipairs({ "Lock", "RLock", "Event" }) do
+      local ok, e = pcall(mp[name], true)
+      assert.is_false(ok)
+      assert.matches("bad argument #1 to '[%w.]*" .. name .. "' %(no argument expected, got boolean%)", e)
+    end
+    assert.matches("bad argument #1 to '[%w.]*Semaphore' %(number expected", select(2, pcall(mp.Semaphore, "x")))
+    assert.matches("bad argument #1 to '[%w.]*Barrier' %(must be a positive count%)", select(2, pcall(mp.Barrier, 0)))
+    for _, name in ipairs({ "current_process", "active_children", "get_sharing_strategy",
+                            "get_all_sharing_strategies", "get_executable", "get_start_method" }) do
+      local ok, e = pcall(mp[name], 1)
+      assert.is_false(ok)
+      assert.matches("bad argument #1 to '[%w.]*" .. name .. "' %(no argument expected, got number%)", e)
+    end
+  end)
+end)
+
 describe("Ctrl-C in a wait inside a pcall arrives once, as an mp.Interrupted (issues 8.6, 19.7)", function()
   -- Each case runs in a child lua5.4 (whose lua.c turns SIGINT into a hook):
   -- pcall catches the interrupt; the hook must not raise 'interrupted!'

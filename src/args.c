@@ -37,6 +37,12 @@ int mp_argerror(lua_State *L, int arg, const char *extramsg) {
                     extramsg);
 }
 
+void mp_checknoargs(lua_State *L, int first) {
+  if (lua_gettop(L) >= first)
+    mp_argerror(L, first, lua_pushfstring(L, "no argument expected, got %s",
+                                          luaL_typename(L, first)));
+}
+
 int mp_typeerror(lua_State *L, int arg, const char *tname) {
   const char *got;
   if (luaL_getmetafield(L, arg, "__name") == LUA_TSTRING)

@@ -1056,6 +1056,15 @@ static int push_outcome(lua_State *L, Chan *c, int st, const char *op,
 }
 
 
+/* Why a value cannot go: the end of the codec's "cannot send item.cb
+** (function) ..." */
+#define CROSS_WHY \
+  " carries data and shared objects; a function crosses to another process" \
+  " only as the function or an argument of start_processes, spawn or a" \
+  " Pool task, or as a module's entry (string.format)"
+#define QUEUE_WHY "through a Queue: a Queue" CROSS_WHY
+#define PIPE_WHY "through a Pipe: a Pipe" CROSS_WHY
+
 static int put_impl(lua_State *L, Chan *c, int vidx, double timeout,
                     const char *op, int raw) {
   static const char *const names[] = {"item"};
@@ -1074,8 +1083,8 @@ static int put_impl(lua_State *L, Chan *c, int vidx, double timeout,
     enc.fds = NULL;
     enc.nfds = 0;
   } else {
-    mp_encode(L, vidx, 1, c->codec, names,
-              c->kind == K_QUEUE ? "through a Queue" : "through a Pipe", &enc);
+    mp_encode(L, vidx, 1, c->codec, names, c->kind == K_QUEUE ? QUEUE_WHY
+                                                             : PIPE_WHY, &enc);
   }
   mp_wait_init(&w, L, timeout);
   st = chan_write(c, enc.data, enc.size, enc.fds, enc.nfds, flags, &w);
@@ -1308,18 +1317,56 @@ static int chan_gc(lua_State *L) {
   return 0;
 }
 
+/* What tostring says of the other users: "" while some are there (or none
+** ever was), else that they are gone. */
+static const char *others(Chan *c) {
+  int alive = mp_peers_alive(&chan_hdr(c)->peers,
+                             c->slotpid == getpid() ? c->slot : -1,
+                             c->kind == K_CONN ? c->end : -1);
+  if (c->kind == K_CONN) return alive < 0 ? ", the other end closed" : "";
+  return alive < 0 ? ", every other process gone" : "";
+}
+
+/* Pushes "1 <what>" or "<n> <what>s": the messages in ring r now. */
+static const char *push_count(lua_State *L, Chan *c, int r, const char *what) {
+  int64_t n = count_of(c, r);
+  if (n < 0) n = 0;
+  return lua_pushfstring(L, "%I %s%s", (lua_Integer)n, what, n == 1 ? "" : "s");
+}
+
+/* As of now: multiprocessing.Queue (3 items, maxsize 10): 0x...,
+** multiprocessing.Connection (duplex, 1 to read, the other end closed) */
 static int chan_tostring(lua_State *L) {
   Chan *c = tochan(L, 1);
-  if (!c->seg.base)
+  if (!c->seg.base) {
     lua_pushfstring(L, "multiprocessing.%s (closed)", chan_what(c));
-  else if (c->kind == K_QUEUE)
-    lua_pushfstring(L, "multiprocessing.%s (%p)", chan_what(c),
-                    (void *)c->seg.base);
-  else
-    lua_pushfstring(L, "multiprocessing.Connection (%p, %s)",
-                    (void *)c->seg.base,
+  } else if (c->kind == K_QUEUE) {
+    ChanHdr *h = chan_hdr(c);
+    lua_pushfstring(L, "multiprocessing.%s (%s", chan_what(c),
+                    push_count(L, c, 0, "item"));
+    lua_remove(L, -2);
+    if (h->maxsize > 0)
+      lua_pushfstring(L, ", maxsize %I", (lua_Integer)h->maxsize);
+    else
+      lua_pushliteral(L, "");
+    if (h->joinable)
+      lua_pushfstring(L, ", %I unfinished", (lua_Integer)__atomic_load_n(
+                      &h->unfinished, __ATOMIC_SEQ_CST));
+    else
+      lua_pushliteral(L, "");
+    lua_pushfstring(L, "%s): %p", others(c), (void *)c->seg.base);
+    lua_concat(L, 4);
+  } else {
+    if (c->rring >= 0) {
+      lua_pushfstring(L, ", %s to read", push_count(L, c, c->rring, "message"));
+      lua_remove(L, -2);
+    } else
+      lua_pushliteral(L, "");
+    lua_pushfstring(L, "multiprocessing.Connection (%s%s%s): %p",
                     c->rring >= 0 && c->wring >= 0 ? "duplex"
-                    : c->rring >= 0 ? "read-only" : "write-only");
+                    : c->rring >= 0 ? "read-only" : "write-only",
+                    lua_tostring(L, -1), others(c), (void *)c->seg.base);
+  }
   return 1;
 }
 
@@ -1427,7 +1474,7 @@ static int new_queue(lua_State *L) { return make_queue(L, 0); }
 static int new_joinable_queue(lua_State *L) { return make_queue(L, 1); }
 
 static int new_simple_queue(lua_State *L) {
-  lua_settop(L, 0);
+  mp_checknoargs(L, 1);
   return make_queue(L, 0);
 }
 
@@ -1455,10 +1502,15 @@ static void connect_ring(lua_State *L, int ring, Chan *wr, Chan *rd) {
 /* mp.Pipe([duplex = true [, {capacity = bytes}]]) -> conn1, conn2
 ** duplex: both send and receive; otherwise conn1 receives, conn2 sends. */
 static int new_pipe(lua_State *L) {
-  int duplex = lua_isnoneornil(L, 1) ? 1 : lua_toboolean(L, 1);
-  uint64_t cap = opt_capacity(L, 2);
-  int nr = duplex ? 2 : 1;
+  int duplex = 1, nr;
+  uint64_t cap;
   Chan *a, *b;
+  if (!lua_isnoneornil(L, 1)) {
+    mp_checktype(L, 1, LUA_TBOOLEAN);
+    duplex = lua_toboolean(L, 1);
+  }
+  cap = opt_capacity(L, 2);
+  nr = duplex ? 2 : 1;
   a = newchan(L, K_CONN, 0);
   init_header(L, a, cap, nr, 0);
   b = newchan(L, K_CONN, 0);

@@ -360,13 +360,26 @@ static int ctx_fileno(lua_State *L) {
   return 1;
 }
 
+/* As of now (the workers that ended are reaped first, never waiting):
+** ProcessContext (fork, 4 processes: 3 running, 1 done, 1 failed): 0x... */
 static int ctx_tostring(lua_State *L) {
   mp_Context *ctx = mp_checkcontext(L, 1);
-  int i, alive = 0;
-  for (i = 0; i < ctx->started; i++)
-    alive += ctx->workers[i].state == MP_RUNNING;
-  lua_pushfstring(L, "ProcessContext (%s, %d processes, %d running): %p",
-                  ctx->method->name, ctx->nprocs, alive, (void *)ctx);
+  int i, alive = 0, done = 0, failed = 0;
+  for (i = 0; i < ctx->started; i++) {
+    mp_Worker *w = &ctx->workers[i];
+    if (w->state == MP_RUNNING &&
+        (ctx->owner != getpid() || w->pid <= 0 || !mp_reap(w))) {
+      alive++;
+      continue;
+    }
+    done++;
+    failed += w->exitcode != 0 && !w->terminated;
+  }
+  if (failed > 0) lua_pushfstring(L, ", %d failed", failed);
+  else lua_pushliteral(L, "");
+  lua_pushfstring(L, "ProcessContext (%s, %d processes: %d running, %d done%s"
+                  "): %p", ctx->method->name, ctx->nprocs, alive, done,
+                  lua_tostring(L, -1), (void *)ctx);
   return 1;
 }
 
@@ -457,6 +470,7 @@ static int process_tostring(lua_State *L) {
 static int l_active_children(lua_State *L) {
   lua_Integer i, n, kept = 0;
   int list, out, k;
+  mp_checknoargs(L, 1);
   lua_newtable(L);                                  /* out */
   out = lua_gettop(L);
   push_contexts(L);                                 /* out list */
@@ -500,9 +514,30 @@ static int current_is_alive(lua_State *L) {
 ** process, as Python's: in a worker its rank and the name of its Process
 ** handle in the parent ("Process-<rank>"), else "MainProcess" and no
 ** rank; exitcode is nil (it runs). */
+/* tostring(current_process()): "MainProcess (pid 12, running)", in a
+** worker "Process 2 (pid 15, running)", as its handle prints. */
+static int current_tostring(lua_State *L) {
+  lua_getfield(L, 1, "rank");
+  lua_getfield(L, 1, "pid");
+  if (lua_isinteger(L, -2))
+    lua_pushfstring(L, "Process %d (pid %d, running)",
+                    (int)lua_tointeger(L, -2), (int)lua_tointeger(L, -1));
+  else
+    lua_pushfstring(L, "MainProcess (pid %d, running)",
+                    (int)lua_tointeger(L, -1));
+  return 1;
+}
+
 static int l_current_process(lua_State *L) {
-  int worker = lua_getfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY) == LUA_TTABLE;
+  int worker;
+  mp_checknoargs(L, 1);
+  worker = lua_getfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY) == LUA_TTABLE;
   lua_createtable(L, 0, 6);                         /* id t */
+  if (luaL_newmetatable(L, "multiprocessing.CurrentProcess")) {
+    lua_pushcfunction(L, current_tostring);         /* id t mt f */
+    lua_setfield(L, -2, "__tostring");
+  }
+  lua_setmetatable(L, -2);                          /* id t */
   lua_pushcfunction(L, current_is_alive);
   lua_setfield(L, -2, "is_alive");
   lua_pushinteger(L, getpid());                     /* id t pid */

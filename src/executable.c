@@ -230,6 +230,7 @@ static int l_set_executable(lua_State *L) {
 }
 
 static int l_get_executable(lua_State *L) {
+  mp_checknoargs(L, 1);
   mp_push_executable(L);
   return 1;
 }

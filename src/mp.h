@@ -318,6 +318,9 @@ ssize_t mp_recvfds(int sock, void *buf, size_t len,
 const char *mp_method_name(lua_State *L);
 int         mp_argerror(lua_State *L, int arg, const char *extramsg);
 int         mp_typeerror(lua_State *L, int arg, const char *tname);
+/* A function that takes no arguments (from 'first' on) raises when given
+** some: mp.Lock(true) is a mistake, not a recursive lock. */
+void        mp_checknoargs(lua_State *L, int first);
 void        mp_checktype(lua_State *L, int arg, int t);
 void       *mp_checkudata(lua_State *L, int arg, const char *tname);
 lua_Number  mp_checknumber(lua_State *L, int arg);

@@ -65,6 +65,7 @@ void mp_set_sharing_strategy(lua_State *L, int kind) {
 }
 
 static int l_get_all_sharing_strategies(lua_State *L) {
+  mp_checknoargs(L, 1);
   lua_createtable(L, 0, 2);
   lua_pushboolean(L, 1);
   lua_setfield(L, -2, "file_descriptor");
@@ -74,6 +75,7 @@ static int l_get_all_sharing_strategies(lua_State *L) {
 }
 
 static int l_get_sharing_strategy(lua_State *L) {
+  mp_checknoargs(L, 1);
   lua_pushstring(L, mp_sharing_strategy(L) == MP_SEG_NAME
                         ? "file_system" : "file_descriptor");
   return 1;

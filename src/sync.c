@@ -1007,9 +1007,15 @@ static int barrier_index(lua_State *L) {
 
 /* --- constructors -------------------------------------------------------- */
 
-static int new_lock(lua_State *L) { createsync(L, K_LOCK); return 1; }
-static int new_rlock(lua_State *L) { createsync(L, K_RLOCK); return 1; }
-static int new_event(lua_State *L) { createsync(L, K_EVENT); return 1; }
+static int new_plain(lua_State *L, int kind) {
+  mp_checknoargs(L, 1);
+  createsync(L, kind);
+  return 1;
+}
+
+static int new_lock(lua_State *L) { return new_plain(L, K_LOCK); }
+static int new_rlock(lua_State *L) { return new_plain(L, K_RLOCK); }
+static int new_event(lua_State *L) { return new_plain(L, K_EVENT); }
 
 static int new_condition(lua_State *L) {
   if (!lua_isnoneornil(L, 1))

@@ -88,7 +88,13 @@ function M.set_start_method(name)
   start_method = name
 end
 
-function M.get_start_method() return start_method end
+function M.get_start_method(...)
+  if select("#", ...) > 0 then
+    error(("bad argument #1 to 'get_start_method' (no argument expected, got %s)")
+          :format(type((...))), 2)
+  end
+  return start_method
+end
 
 function M.Pool(processes, opts)
   return require("multiprocessing.pool").new(processes, opts)
