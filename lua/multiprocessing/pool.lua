@@ -217,6 +217,7 @@ function M.new(processes, opts)
     state = "run", workers = {}, retiring = {}, msgs = {}, nextmid = 1,
     queue = fifo(), redo = fifo(), fids = setmetatable(
       {}, { __mode = "k" }), nextfid = 1, active = 0, next_check = 0, nmsg = 0,
+    ntasks = 0, ndone = 0,      -- tasks given, tasks settled (tostring)
   }, Pool)
   -- each worker costs the parent several descriptors (its context, its
   -- task queue): the soft limit is raised for them, as mprun does
@@ -239,9 +240,15 @@ end
 
 function Pool:print(...) return M.print(...) end
 
+-- As of now: Pool (fork, 4 workers, 10 tasks pending, 25 done, run)
 function Pool:__tostring()
-  return ("Pool (%s, %d processes, %s)"):format(self.start_method,
-                                               self.processes, self.state)
+  local alive = 0
+  for _, w in pairs(self.workers) do
+    if w.ctx and w.proc:is_alive() then alive = alive + 1 end
+  end
+  return ("Pool (%s, %d worker%s, %d task%s pending, %d done, %s)"):format(
+    self.start_method, alive, alive == 1 and "" or "s", self.ntasks - self.ndone,
+    self.ntasks - self.ndone == 1 and "" or "s", self.ndone, self.state)
 end
 
 local function check_running(self, fname, level)
@@ -403,6 +410,7 @@ end
 -- One item of 'job' has its outcome.
 local function settle(self, job, pos, ok, value)
   job.left = job.left - 1
+  if not job.abandoned then self.ndone = self.ndone + 1 end
   if not ok then job.nfailed = (job.nfailed or 0) + 1 end
   local kind = job.kind
   if kind == "apply" then
@@ -475,6 +483,7 @@ function Pool:_receive(res)
   if job.kind == "map" and not errs and not job.outcomes then
     tmove(res, 4, 4 + k1 - k0, rec.first + k0 - 1, job.results)
     job.left = job.left - (k1 - k0 + 1)
+    if not job.abandoned then self.ndone = self.ndone + (k1 - k0 + 1) end
     if job.left == 0 then finish_job(self, job) end
   else
     for k = k0, k1 do
@@ -643,6 +652,7 @@ local function new_job(self, fname, kind, fn, list, cs, star, default_cs)
   job.progress = progress_line(self, job)
   if n > 0 then
     self.active = self.active + 1
+    self.ntasks = self.ntasks + n
     enqueue(self, job)
   end
   return job, opts
@@ -691,6 +701,7 @@ local function abandon(self, job)
     if job.progress then drawn = nil end   -- its line is left as it was
     job.abandoned = true
     self.active = self.active - 1
+    self.ntasks = self.ntasks - job.left   -- no longer anyone's (tostring)
   end
 end
 
@@ -778,6 +789,7 @@ local function apply_task(self, fname, fn, args, opts)
   local job = self.applies
   local pos = job.n + 1
   job.n, job.left = pos, job.left + 1
+  self.ntasks = self.ntasks + 1
   job.list[pos], job.fids[pos], job.fns[pos] = args, fid, fn
   job.timeouts[pos] = opts.timeout
   local ar = setmetatable({ pool = self, done = false, task = pos,
