@@ -106,8 +106,8 @@ for _, method in ipairs(H.methods) do
         print(ok, e, table.concat(codes, "; "))
       ]])
       assert.are.equal(
-        "false\tprocess 1 terminated with exit code 40\tprocess 2 terminated with signal SIGABRT\n" ..
-        "false\tprocess 1 terminated with exit code 41\tprocess 2 terminated with signal SIGABRT\nrc=0\n", out)
+        "false\tProcessExitedException: process 1 terminated with exit code 40\tprocess 2 terminated with signal SIGABRT\n" ..
+        "false\tProcessExitedException: process 1 terminated with exit code 41\tprocess 2 terminated with signal SIGABRT\nrc=0\n", out)
     end)
 
     it("terminates workers still running when the state closes", function()
@@ -136,9 +136,9 @@ for _, method in ipairs(H.methods) do
           print(ok, e.exit_code, e)
         ]])
         if kernel.env == "" then
-          assert.are.equal(("false\t-9\tprocess 0 terminated with signal SIGKILL\n"):rep(2) .. "rc=0\n", out)
+          assert.are.equal(("false\t-9\tProcessExitedException: process 0 terminated with signal SIGKILL\n"):rep(2) .. "rc=0\n", out)
         else
-          assert.are.equal(("false\tnil\tprocess 0 terminated and another waiter took its exit " ..
+          assert.are.equal(("false\tnil\tProcessExitedException: process 0 terminated and another waiter took its exit " ..
             "status (does the host ignore or reap SIGCHLD?)\n"):rep(2) .. "rc=0\n", out)
         end
       end)
