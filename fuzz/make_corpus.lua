@@ -30,7 +30,21 @@ local function amplifier(size, levels)
   return table.concat(parts)
 end
 
+-- arrays the decoder reads on its fast path (decode_items): integers of
+-- every width, floats, strings, holes and everything else mixed in
+local ints, floats, strs, mixed = {}, {}, {}, { 1, nil, 2.5, "s", true, { 1 }, nil }
+for i = 1, 200 do
+  ints[i] = (i % 2 == 0 and -1 or 1) * (1 << (i % 63))
+  floats[i] = i / 7
+  strs[i] = ("s"):rep(i % 20)
+end
+floats[#floats + 1], floats[#floats + 2], floats[#floats + 3] = 0/0, -0.0, math.huge
+
 local seeds = {
+  ints = core.encode(false, ints),
+  floats = core.encode(false, floats),
+  strarray = core.encode(false, strs),
+  mixedarray = core.encode(false, mixed, { 7, 8, 9, 3, reset = true, [5] = "chunk item" }),
   scalars = core.encode(false, nil, true, false, 0, -1, math.maxinteger,
                         math.mininteger, 1.5, -0.0, 0/0, math.huge),
   strings = core.encode(false, "", "hello", "\0\1\2\255"),

@@ -167,6 +167,194 @@ describe("codec", function()
     end)
   end)
 
+  describe("arrays (the fast paths of the encoder and decoder)", function()
+    local int, float = function(i)
+      local u = i >= 0 and 2 * i or -2 * i - 1
+      return tag(T.INT) .. varint(u)
+    end, function(x) return tag(T.FLOAT) .. bits(x) end
+
+    local function same_bits(a, b, what)
+      assert.are.equal(#a, #b, what)
+      for i = 1, #a do
+        assert.are.equal(math.type(a[i]) or type(a[i]), math.type(b[i]) or type(b[i]), what .. " " .. i)
+        if type(a[i]) == "number" then
+          assert.are.equal(bits(a[i]), bits(b[i]), what .. " " .. i)
+        else
+          assert.are.equal(a[i], b[i], what .. " " .. i)
+        end
+      end
+    end
+
+    it("keeps arrays of integers: every width, the extremes, int/float apart", function()
+      local t = {}
+      for i = -300, 300 do t[#t + 1] = i end
+      for sh = 7, 62, 5 do t[#t + 1] = 1 << sh; t[#t + 1] = -(1 << sh); t[#t + 1] = (1 << sh) - 1 end
+      t[#t + 1] = math.maxinteger; t[#t + 1] = math.mininteger
+      t[#t + 1] = 1.0; t[#t + 1] = 2^53; t[#t + 1] = -0.0
+      same_bits(t, rt(t), "ints")
+      assert.are.equal("float", math.type(rt({ 1, 2.0, 3 })[2]))
+      assert.are.equal("integer", math.type(rt({ 1.5, 2, 3.5 })[2]))
+    end)
+
+    it("keeps arrays of floats bit for bit: NaN payloads and signs, -0.0, infinities, subnormals", function()
+      local t = { 0/0, -(0/0), string.unpack("<d", "\1\2\3\0\0\0\xf8\x7f"), -0.0, 0.0, math.huge, -math.huge,
+                  5e-324, -5e-324, 1e308, 0.1, 1 / 3 }
+      for i = 1, 1000 do t[#t + 1] = i / 7 end
+      same_bits(t, rt(t), "floats")
+      local back = rt(t)
+      assert.are.equal("-0.0", tostring(back[4]))
+      assert.is_true(back[1] ~= back[1])
+    end)
+
+    it("keeps arrays of short and long strings, binary and empty ones", function()
+      local t = { "", "a", "\0", ("x"):rep(127), ("y"):rep(128), ("z"):rep(70000), "\255\254" }
+      for i = 1, 1000 do t[#t + 1] = "item" .. i end
+      same_bits(t, rt(t), "strings")
+    end)
+
+    it("keeps mixed arrays, nested tables and holes anywhere", function()
+      local inner = { 1, "two" }
+      local t = { 1, 2.5, "s", true, false, inner, inner, nil, 9, { x = 1 }, nil, nil, 13 }
+      local b = rt(t)
+      assert.are.equal(1, b[1]); assert.are.equal(2.5, b[2]); assert.are.equal("s", b[3])
+      assert.is_true(b[4]); assert.is_false(b[5])
+      assert.are.equal(b[6], b[7]); assert.are.equal("two", b[6][2])
+      assert.is_nil(b[8]); assert.are.equal(9, b[9]); assert.are.equal(1, b[10].x)
+      assert.is_nil(b[11]); assert.is_nil(b[12]); assert.are.equal(13, b[13])
+      local n = 0
+      for _ in pairs(b) do n = n + 1 end
+      assert.are.equal(10, n)
+    end)
+
+    it("writes the same bytes as ever: array items, then the other entries", function()
+      assert.are.equal(msg(tbl(3, 0) .. int(1) .. int(-2) .. int(300)), encode(false, { 1, -2, 300 }))
+      assert.are.equal(msg(tbl(2, 0) .. float(0.5) .. str("ab")), encode(false, { 0.5, "ab" }))
+      assert.are.equal(msg(tbl(3, 0) .. int(1) .. tag(T.NIL) .. int(3)), encode(false, { 1, nil, 3 }))
+      assert.are.equal(msg(tbl(1, 1) .. int(7) .. str("k") .. tag(T.TRUE)), encode(false, { 7, k = true }))
+    end)
+
+    it("keeps every entry whatever part of the table holds the items", function()
+      -- items in the hash part: built backwards, after string keys, or
+      -- with the integer 1 arriving after the hash part filled up
+      local back = {}
+      for i = 50, 1, -1 do back[i] = i * 10 end
+      local late = { a = 1, b = 2, c = 3 }
+      late[1] = "one"
+      local mixed = { x = "x", y = "y" }
+      for i = 1, 40 do mixed[i] = i end
+      mixed["3"] = "string three"; mixed[3.5] = "float"; mixed[-1] = "neg"; mixed[100] = "far"
+      local holes = {}
+      for i = 1, 64 do holes[i] = i end
+      for i = 2, 64, 3 do holes[i] = nil end
+      holes.k = "v"
+      local shrunk = {}
+      for i = 1, 1000 do shrunk[i] = i end
+      for i = 1, 990 do shrunk[i] = nil end
+      shrunk.z = true
+      for _, t in ipairs { back, late, mixed, holes, shrunk } do
+        local b = rt(t)
+        local n = 0
+        for k, v in pairs(t) do
+          n = n + 1
+          assert.are.equal(v, b[k], "key " .. tostring(k))
+        end
+        for _ in pairs(b) do n = n - 1 end
+        assert.are.equal(0, n, "the same number of entries")
+      end
+    end)
+
+    it("keeps big arrays whole", function()
+      local ints, floats, strs = {}, {}, {}
+      for i = 1, 100000 do ints[i] = i * 3 - 150000; floats[i] = i * 0.25; strs[i] = "s" .. i end
+      local a, b, c = rt(ints, floats, strs)
+      assert.are.equal(100000, #a); assert.are.equal(100000, #b); assert.are.equal(100000, #c)
+      for i = 1, 100000, 997 do
+        assert.are.equal(ints[i], a[i]); assert.are.equal(floats[i], b[i]); assert.are.equal(strs[i], c[i])
+      end
+      assert.are.equal("float", math.type(b[4]))
+    end)
+
+    it("refuses metatables in arrays on a data channel, keeps them with functions, as before", function()
+      local obj = setmetatable({ 1 }, { __index = { x = 1 } })
+      assert.are.equal("cannot send getmetatable(value1[2]) (a metatable that is not a module) to another process",
+                       encode_error(false, { 1, obj }))
+      local b = frt({ 1, obj })
+      assert.are.equal(1, b[2].x)
+    end)
+
+    it("checks array items it reads fast as strictly as any: lengths, varints, the budget, truncation", function()
+      -- a string item claiming more bytes than are left
+      assert.matches("truncated", decode_error(msg(tbl(1, 0) .. tag(T.STRING) .. varint(2^40) .. ("a"):rep(20))),
+                     1, true)
+      assert.matches("truncated", decode_error(msg(tbl(2, 0) .. tag(T.STRING) .. varint(30) .. ("a"):rep(20))),
+                     1, true)
+      -- an integer item over 64 bits, with bytes to spare behind it
+      assert.matches("bad varint", decode_error(msg(tbl(2, 0) .. tag(T.INT) .. ("\xff"):rep(9) .. "\2"
+                                                    .. ("\0"):rep(12))), 1, true)
+      -- a float item cut short, an array cut short
+      assert.matches("truncated", decode_error(msg(tbl(1, 0) .. tag(T.FLOAT) .. "\0\0\0")), 1, true)
+      assert.matches("truncated", decode_error(msg(tbl(20, 0) .. int(1):rep(15))), 1, true)
+      -- huge counts are refused before anything is allocated
+      assert.matches("truncated", decode_error(msg(tag(T.TABLE) .. varint(2^62) .. "\0\0\0\0" .. int(1):rep(20))),
+                     1, true)
+      -- where: header 2, count 1, table 6, first item 2 bytes: the second is byte 11
+      assert.are.equal("bad message at byte 11: bad tag 99", decode_error(msg(tbl(2, 0) .. int(5) .. "\99"
+                                                                            .. ("\0"):rep(12))))
+    end)
+  end)
+
+  describe("chunks: core._chunk(head, list, first, n), the Pool's messages", function()
+    local chunk = core._chunk
+
+    it("crosses as the table table.move would build, byte for byte", function()
+      local list = { 10, 20, "x", { 1, 2 }, 5.5, nil, 7 }
+      local head = { 7, 8, 9, 3, reset = true, fns = { a = 1 } }
+      local built = { 7, 8, 9, 3, reset = true, fns = head.fns }
+      table.move(list, 2, 5, 5, built)
+      assert.are.equal(encode(false, built), encode(false, chunk(head, list, 2, 4)))
+      -- a trailing hole goes as nil: the same table arrives
+      local b = rt(chunk(head, list, 2, 5))
+      assert.are.equal(20, b[5]); assert.are.equal("x", b[6]); assert.are.equal(2, b[7][2])
+      assert.are.equal(5.5, b[8]); assert.is_nil(b[9]); assert.is_true(b.reset); assert.are.equal(1, b.fns.a)
+    end)
+
+    it("reads the list as table.move does: through __index, holes as nil", function()
+      local proxy = setmetatable({}, { __index = function(_, i) return i * 2 end })
+      local b = rt(chunk({}, proxy, 3, 4))
+      assert.are.same({ 6, 8, 10, 12 }, b)
+      local holes = rt(chunk({ "h" }, { 1, nil, 3 }, 1, 5))
+      assert.are.equal("h", holes[1]); assert.are.equal(1, holes[2]); assert.is_nil(holes[3])
+      assert.are.equal(3, holes[4]); assert.is_nil(holes[5]); assert.is_nil(holes[6])
+    end)
+
+    it("is one object: sent twice it arrives as one table; its items keep their references", function()
+      local shared = { "s" }
+      local c = chunk({ 1 }, { shared, shared }, 1, 2)
+      local a, b = rt(c, c)
+      assert.are.equal(a, b)
+      assert.are.equal(a[2], a[3])
+    end)
+
+    it("names what cannot cross by its place in the table", function()
+      assert.are.equal("cannot send value1[3] (function) to another process",
+                       encode_error(false, chunk({ 1 }, { 2, function() end }, 1, 2)))
+    end)
+
+    it("checks its arguments", function()
+      assert.has_error(function() chunk(setmetatable({}, {}), {}, 1, 1) end)
+      assert.has_error(function() chunk({}, {}, 0, 1) end)
+      assert.has_error(function() chunk({}, {}, 1, -1) end)
+      assert.has_error(function() chunk({}, {}, 2, math.maxinteger) end)
+      assert.has_error(function() chunk({}, "list", 1, 1) end)
+    end)
+
+    it("core._table(narray, n): an empty table with its n", function()
+      local t = core._table(1000, 1000)
+      assert.are.equal(1000, t.n); assert.is_nil(next(t, "n") or t[1])
+      assert.has_error(function() core._table(-1, 0) end)
+    end)
+  end)
+
   describe("untrusted input", function()
     local samples = {
       encode(false, nil, true, 1, -1.5, "str", { 1, 2, x = { y = "z" } }),

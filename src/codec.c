@@ -87,6 +87,7 @@ typedef enum Tag {
 /* registry key of the table tname -> light userdata (const mp_CodecType *) */
 #define TYPES_KEY  "multiprocessing.codec.types"
 #define BOX_T      "multiprocessing.codec.Box"
+#define CHUNK_T    "multiprocessing.codec.Chunk"
 #define FDLIST_T   "multiprocessing.codec.FdList"
 
 
@@ -191,7 +192,7 @@ struct mp_Writer {
 
 typedef mp_Writer Enc;
 
-static char *room (Enc *e, size_t n) {
+static inline char *room (Enc *e, size_t n) {
   Box *b = e->box;
   if (b->cap - b->size < n) box_grow(e->L, b, n);
   return b->data + b->size;
@@ -238,23 +239,46 @@ static void patch_u32 (Enc *e, size_t at, size_t v, const char *what) {
   for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
 
+/* Writes 'tag' and the varint 'u' in one go: the hot path of every
+** integer and string length. */
+static void put_tag_varint (Enc *e, int tag, lua_Unsigned u) {
+  unsigned char *p = (unsigned char *)room(e, 11);
+  size_t n = 1;
+  p[0] = (unsigned char)tag;
+  while (u >= 0x80) {
+    p[n++] = (unsigned char)(u | 0x80);
+    u >>= 7;
+  }
+  p[n++] = (unsigned char)u;
+  e->box->size += n;
+}
+
+static void put_int (Enc *e, lua_Integer i) {
+  lua_Unsigned u = (lua_Unsigned)i;
+  put_tag_varint(e, T_INT, (u << 1) ^ (0 - (u >> 63)));  /* zigzag */
+}
+
+static void put_float (Enc *e, lua_Number x) {
+  unsigned char *p = (unsigned char *)room(e, 9);
+  uint64_t bits;
+  int i;
+  memcpy(&bits, &x, sizeof(bits));
+  p[0] = T_FLOAT;
+  for (i = 0; i < 8; i++) p[1 + i] = (unsigned char)(bits >> (8 * i));
+  e->box->size += 9;
+}
+
+static void put_string (Enc *e, int idx) {
+  size_t len;
+  const char *s = lua_tolstring(e->L, idx, &len);
+  put_tag_varint(e, T_STRING, len);
+  put_bytes(e, s, len);
+}
+
 static void put_number (Enc *e, int idx) {
   lua_State *L = e->L;
-  if (lua_isinteger(L, idx)) {
-    lua_Unsigned u = (lua_Unsigned)lua_tointeger(L, idx);
-    put_byte(e, T_INT);
-    put_varint(e, (u << 1) ^ (0 - (u >> 63)));  /* zigzag: small |i|, short */
-  }
-  else {
-    lua_Number x = lua_tonumber(L, idx);
-    unsigned char *p = (unsigned char *)room(e, 9);
-    uint64_t bits;
-    int i;
-    memcpy(&bits, &x, sizeof(bits));
-    p[0] = T_FLOAT;
-    for (i = 0; i < 8; i++) p[1 + i] = (unsigned char)(bits >> (8 * i));
-    e->box->size += 9;
-  }
+  if (lua_isinteger(L, idx)) put_int(e, lua_tointeger(L, idx));
+  else put_float(e, lua_tonumber(L, idx));
 }
 
 /* Table slots are made on first use. */
@@ -570,9 +594,75 @@ static int put_ref (Enc *e, int o) {
 
 static void encode_value (Enc *e, int idx, const Step *at);
 
+/* Array item i, on top of the stack.  Numbers and strings, the bulk of
+** most messages, are written at once; the rest go encode_value's way. */
+static void encode_item (Enc *e, lua_Unsigned i, const Step *at) {
+  lua_State *L = e->L;
+  if (lua_isinteger(L, -1)) {
+    put_int(e, lua_tointeger(L, -1));
+    return;
+  }
+  switch (lua_type(L, -1)) {
+    case LUA_TNUMBER: put_float(e, lua_tonumber(L, -1)); break;
+    case LUA_TSTRING: put_string(e, -1); break;
+    default: {
+      Step s = {at, STEP_INDEX, NULL, 0, (lua_Integer)i};
+      encode_value(e, lua_gettop(L), &s);
+    }
+  }
+}
+
+/* Writes the entry k v on top of the stack and the rest of the lua_next
+** walk of the table at 't', but for the keys 1..n; pops them; returns how
+** many entries it wrote. */
+static lua_Unsigned encode_pairs (Enc *e, int t, lua_Unsigned n,
+                                  const Step *at) {
+  lua_State *L = e->L;
+  lua_Unsigned nhash = 0;
+  do {                                                /* k v */
+    int v = lua_gettop(L);
+    if (!(lua_isinteger(L, v - 1) &&
+          (lua_Unsigned)lua_tointeger(L, v - 1) - 1 < n)) {
+      Step key = {at, STEP_KEY, NULL, 0, 0};
+      Step field = {at, STEP_FIELD, NULL, v - 1, 0};
+      encode_value(e, v - 1, &key);
+      encode_value(e, v, &field);
+      nhash++;
+    }
+    lua_pop(L, 1);                                    /* k */
+  } while (lua_next(L, t));                           /* */
+  return nhash;
+}
+
+/* Writes the items 1..n of the table at 't' (a border may have holes: they
+** go as nil), then its other entries; returns how many of those.  One
+** lua_next walk serves both: while it yields the keys 1, 2, ... in order
+** (Lua's array part, the common case), their values are the items, written
+** at once; from the first key out of that order on, the items not yet
+** written are read by index, and the walk goes on, skipping the keys 1..n.
+** So an array is walked once, not by index and then again by lua_next. */
+static lua_Unsigned encode_entries (Enc *e, int t, lua_Unsigned n,
+                                    const Step *at) {
+  lua_State *L = e->L;
+  lua_Unsigned i = 1;
+  int more;
+  lua_pushnil(L);                                     /* nil */
+  while ((more = lua_next(L, t)) != 0 && i <= n &&    /* k v */
+         lua_isinteger(L, -2) && lua_tointeger(L, -2) == (lua_Integer)i) {
+    encode_item(e, i++, at);
+    lua_pop(L, 1);                                    /* k */
+  }                                /* more ? k v : (nothing) */
+  for (; i <= n; i++) {
+    lua_rawgeti(L, t, (lua_Integer)i);                /* [k v] item */
+    encode_item(e, i, at);
+    lua_pop(L, 1);                                    /* [k v] */
+  }
+  return more ? encode_pairs(e, t, n, at) : 0;        /* */
+}
+
 static void encode_table (Enc *e, int t, const Step *at) {
   lua_State *L = e->L;
-  lua_Unsigned n, i, nhash = 0;
+  lua_Unsigned n, nhash;
   size_t counter;
   int mt;
   if (lua_rawequal(L, t, e->box_idx + S_GLOBALS)) {
@@ -598,31 +688,57 @@ static void encode_table (Enc *e, int t, const Step *at) {
   n = lua_rawlen(L, t);
   put_varint(e, n);
   counter = reserve_u32(e);
-  for (i = 1; i <= n; i++) {  /* a border may have holes: they go as nil */
-    Step s = {at, STEP_INDEX, NULL, 0, (lua_Integer)i};
-    lua_rawgeti(L, t, (lua_Integer)i);                /* [mt] v */
-    encode_value(e, lua_gettop(L), &s);
-    lua_pop(L, 1);                                    /* [mt] */
-  }
-  lua_pushnil(L);                                     /* [mt] nil */
-  while (lua_next(L, t)) {                            /* [mt] k v */
-    int v = lua_gettop(L);
-    if (!(lua_isinteger(L, v - 1) &&
-          (lua_Unsigned)lua_tointeger(L, v - 1) - 1 < n)) {
-      Step key = {at, STEP_KEY, NULL, 0, 0};
-      Step field = {at, STEP_FIELD, NULL, v - 1, 0};
-      encode_value(e, v - 1, &key);
-      encode_value(e, v, &field);
-      nhash++;
-    }
-    lua_pop(L, 1);                                    /* [mt] k */
-  }                                                   /* [mt] */
+  nhash = encode_entries(e, t, n, at);                /* [mt] */
   patch_u32(e, counter, nhash, "a table");  /* Lua tables stay far below */
   if (mt) {
     Step s = {at, STEP_META, NULL, 0, 0};
     encode_value(e, mt, &s);
     lua_pop(L, 1);                                    /* */
   }
+  e->depth--;
+}
+
+/* core._chunk(head, list, first, n): a view that crosses as one table, as
+** if it were built as
+**   t = {head[1], ..., head[#head]}; table.move(list, first, first+n-1, #t+1, t)
+** plus head's other entries.  The Pool's messages are such views: a run of
+** the caller's list crosses without being copied into a message table
+** first, and its items are only indexed, not walked with lua_next (which
+** costs a table's items as much again). */
+typedef struct Chunk {
+  lua_Integer first, n;
+} Chunk;
+
+static void encode_chunk (Enc *e, int u, const Step *at) {
+  lua_State *L = e->L;
+  const Chunk *c = (const Chunk *)lua_touserdata(L, u);
+  lua_Unsigned nh, i, nhash = 0;
+  size_t counter;
+  int head;
+  if (put_ref(e, u)) return;
+  enter(e, at);
+  lua_getiuservalue(L, u, 1);                         /* head */
+  lua_getiuservalue(L, u, 2);                         /* head list */
+  head = lua_gettop(L) - 1;
+  nh = lua_rawlen(L, head);
+  put_byte(e, T_TABLE);
+  put_varint(e, nh + (lua_Unsigned)c->n);
+  counter = reserve_u32(e);
+  for (i = 1; i <= nh; i++) {
+    lua_rawgeti(L, head, (lua_Integer)i);             /* head list item */
+    encode_item(e, i, at);
+    lua_pop(L, 1);                                    /* head list */
+  }
+  for (i = 0; i < (lua_Unsigned)c->n; i++) {  /* as table.move reads */
+    lua_geti(L, head + 1, c->first + (lua_Integer)i); /* head list item */
+    encode_item(e, nh + 1 + i, at);
+    lua_pop(L, 1);                                    /* head list */
+  }
+  lua_pushnil(L);                                     /* head list nil */
+  if (lua_next(L, head))                              /* head list k v */
+    nhash = encode_pairs(e, head, nh, at);            /* head list */
+  patch_u32(e, counter, nhash, "a table");
+  lua_pop(L, 2);                                      /* */
   e->depth--;
 }
 
@@ -764,16 +880,13 @@ static void encode_value (Enc *e, int idx, const Step *at) {
       put_byte(e, lua_toboolean(L, idx) ? T_TRUE : T_FALSE);
       break;
     case LUA_TNUMBER: put_number(e, idx); break;
-    case LUA_TSTRING: {
-      size_t len;
-      const char *s = lua_tolstring(L, idx, &len);
-      put_byte(e, T_STRING);
-      put_lstring(e, s, len);
-      break;
-    }
+    case LUA_TSTRING: put_string(e, idx); break;
     case LUA_TTABLE: encode_table(e, idx, at); break;
     case LUA_TFUNCTION: encode_function(e, idx, at); break;
-    case LUA_TUSERDATA: encode_userdata(e, idx, at); break;
+    case LUA_TUSERDATA:
+      if (luaL_testudata(L, idx, CHUNK_T)) encode_chunk(e, idx, at);
+      else encode_userdata(e, idx, at);
+      break;
     default: cannot_send(e, idx, at, NULL);  /* threads, light userdata */
   }
 }
@@ -937,10 +1050,35 @@ static const char *get_bytes (Dec *d, lua_Unsigned n, const char *what) {
   return p;
 }
 
+/* A varint read without a check per byte, when at least 10 bytes are
+** left: sets *u and returns where it ends, or NULL when it is over 64 bits
+** (get_varint then says so). */
+static const char *fast_varint (const char *p, lua_Unsigned *u) {
+  const unsigned char *q = (const unsigned char *)p;
+  lua_Unsigned v = 0;
+  int shift;
+  for (shift = 0; shift < 63; shift += 7) {
+    unsigned c = *q++;
+    v |= (lua_Unsigned)(c & 0x7F) << shift;
+    if (c < 0x80) {
+      *u = v;
+      return (const char *)q;
+    }
+  }
+  if (*q > 1) return NULL;
+  *u = v | (lua_Unsigned)*q << 63;
+  return (const char *)q + 1;
+}
+
 static lua_Unsigned get_varint (Dec *d) {
   const char *start = d->p;
   lua_Unsigned u = 0;
   int shift;
+  if (left(d) >= 10 && (start = fast_varint(d->p, &u)) != NULL) {
+    d->p = start;
+    return u;
+  }
+  start = d->p;
   for (shift = 0; ; shift += 7) {
     unsigned c = (unsigned)get_byte(d, "a varint");
     if (shift == 63 && c > 1) {
@@ -1031,6 +1169,60 @@ static void decode_metatable (Dec *d, int t) {
   lua_setmetatable(L, t);
 }
 
+static lua_Number load_float (const char *p) {
+  uint64_t bits = 0;
+  lua_Number x;
+  int i;
+  for (i = 0; i < 8; i++) bits |= (uint64_t)(unsigned char)p[i] << (8 * i);
+  memcpy(&x, &bits, sizeof(x));
+  return x;
+}
+
+/* The array items 1..narr of the table at 't'.  Integers, floats, strings
+** and holes, the bulk of most messages, are read here, without
+** decode_value's checks per byte, while a whole number surely fits in what
+** is left (a tag and the longest varint or a float: 11 bytes); a string's
+** length is checked and its bytes charged as push_lstring does.  Anything
+** else or unusual goes decode_value's way, which checks and says what is
+** wrong. */
+static void decode_items (Dec *d, int t, lua_Unsigned narr) {
+  lua_State *L = d->L;
+  lua_Unsigned i, u;
+  for (i = 1; i <= narr; i++) {
+    if (left(d) >= 11) {
+      const char *p = d->p + 1;
+      switch ((unsigned char)*d->p) {
+        case T_INT:
+          if ((p = fast_varint(p, &u)) == NULL) break;
+          d->p = p;
+          lua_pushinteger(L, (lua_Integer)((u >> 1) ^ (0 - (u & 1))));
+          lua_rawseti(L, t, (lua_Integer)i);
+          continue;
+        case T_FLOAT:
+          d->p = p + 8;
+          lua_pushnumber(L, load_float(p));
+          lua_rawseti(L, t, (lua_Integer)i);
+          continue;
+        case T_STRING:
+          if ((p = fast_varint(p, &u)) == NULL || u > (size_t)(d->end - p))
+            break;
+          d->p = p + u;
+          charge(d, 1, COST_STRING + (size_t)u, "a string of %s bytes");
+          lua_pushlstring(L, p, (size_t)u);
+          lua_rawseti(L, t, (lua_Integer)i);
+          continue;
+        case T_NIL:
+          d->p++;
+          continue;
+        default: break;
+      }
+    }
+    decode_value(d);
+    if (lua_isnil(L, -1)) lua_pop(L, 1);
+    else lua_rawseti(L, t, (lua_Integer)i);
+  }
+}
+
 static void decode_table (Dec *d, int hasmt) {
   lua_State *L = d->L;
   lua_Unsigned narr = get_varint(d), nhash, i;
@@ -1046,11 +1238,7 @@ static void decode_table (Dec *d, int hasmt) {
   lua_createtable(L, hint(narr), hint(nhash));
   t = lua_gettop(L);
   number_object(d);
-  for (i = 1; i <= narr; i++) {
-    decode_value(d);
-    if (lua_isnil(L, -1)) lua_pop(L, 1);
-    else lua_rawseti(L, t, (lua_Integer)i);
-  }
+  decode_items(d, t, narr);
   for (i = 0; i < nhash; i++) {
     const char *at = d->p;
     decode_value(d);
@@ -1411,11 +1599,49 @@ static int l_decode (lua_State *L) {
   return n;
 }
 
+/* core._chunk(head, list, first, n) -> the view encode_chunk writes: head
+** a table without a metatable, first >= 1, n >= 0. */
+static int l_chunk (lua_State *L) {
+  lua_Integer first = luaL_checkinteger(L, 3), n = luaL_checkinteger(L, 4);
+  Chunk *c;
+  luaL_checktype(L, 1, LUA_TTABLE);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  luaL_argcheck(L, !lua_getmetatable(L, 1), 1, "a table without a metatable");
+  luaL_argcheck(L, first >= 1, 3, "must be at least 1");
+  luaL_argcheck(L, n >= 0 && n <= LUA_MAXINTEGER - first, 4,
+                "must be a count that fits after 'first'");
+  c = (Chunk *)lua_newuserdatauv(L, sizeof(Chunk), 2);
+  c->first = first;
+  c->n = n;
+  lua_pushvalue(L, 1);
+  lua_setiuservalue(L, -2, 1);
+  lua_pushvalue(L, 2);
+  lua_setiuservalue(L, -2, 2);
+  luaL_setmetatable(L, CHUNK_T);
+  return 1;
+}
+
+/* core._table(narray, n) -> a table with room for 'narray' items (and one
+** more entry), whose field n is 'n': the results of a Pool map, filled
+** at once instead of growing through every power of two. */
+static int l_table (lua_State *L) {
+  lua_Integer narr = luaL_checkinteger(L, 1);
+  luaL_argcheck(L, narr >= 0 && narr <= INT_MAX, 1, "out of range");
+  lua_createtable(L, (int)narr, 1);
+  lua_pushvalue(L, 2);
+  lua_setfield(L, -2, "n");
+  return 1;
+}
+
 void mp_open_codec (lua_State *L) {
   static const luaL_Reg funcs[] = {
     {"encode", l_encode},
     {"decode", l_decode},
+    {"_chunk", l_chunk},
+    {"_table", l_table},
     {NULL, NULL}
   };
+  luaL_newmetatable(L, CHUNK_T);
+  lua_pop(L, 1);
   luaL_setfuncs(L, funcs, 0);
 }
