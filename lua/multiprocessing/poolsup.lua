@@ -396,16 +396,11 @@ function Pool:_interrupted()
                   .. "reaped")
 end
 
+-- An error from the results queue.  (When every worker is gone, a get
+-- returns nil, "closed": the loop looks at the workers as after a
+-- timeout, and replaces them.)
 function Pool:_queue_error(err)
   if core.isinstance(err, core.Interrupted) then self:_interrupted() end
-  if type(err) == "string" and err:find("no other process", 1, true) then
-    -- every worker is gone: look now, then wait on one for a moment
-    self:_check()
-    for _, w in ipairs(self.workers) do
-      if w.ctx then pcall(w.ctx.join, w.ctx, SLICE) break end
-    end
-    return
-  end
   error(err, 0)
 end
 
