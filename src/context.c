@@ -19,6 +19,8 @@
 #include <math.h>
 #include <signal.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/eventfd.h>
 #include <sys/pidfd.h>
 #include <unistd.h>
 
@@ -30,6 +32,7 @@
 
 typedef struct Process {
   int rank;
+  int sentinel;     /* fileno(): made on first use; -1 none, -2 closed */
 } Process;
 
 /* --- argument checks, before any process starts ------------------------- */
@@ -133,6 +136,7 @@ static mp_Context *check_owned(lua_State *L, mp_Context *ctx) {
 static void push_process(lua_State *L, int ctxidx, int rank) {
   Process *p = lua_newuserdatauv(L, sizeof *p, 1);
   p->rank = rank;
+  p->sentinel = -1;
   lua_pushvalue(L, ctxidx);
   lua_setiuservalue(L, -2, 1);
   luaL_setmetatable(L, MP_PROCESS_T);
@@ -427,6 +431,49 @@ static int process_signal(lua_State *L, int sig) {
 static int process_terminate(lua_State *L) { return process_signal(L, SIGTERM); }
 static int process_kill(lua_State *L) { return process_signal(L, SIGKILL); }
 
+/* A descriptor readable once the worker has ended: a pidfd of our own,
+** which stays readable after the worker is reaped; for one reaped
+** already, an eventfd that is readable for ever. */
+static int open_sentinel(const mp_Worker *w) {
+  if (w->state == MP_EXITED) return eventfd(1, EFD_CLOEXEC);
+  if (w->pidfd >= 0) return fcntl(w->pidfd, F_DUPFD_CLOEXEC, 3);
+  return pidfd_open(w->pid, 0);  /* our unreaped child: it is that one */
+}
+
+/* fileno() and p.sentinel: readable once the worker has ended (Python's
+** Process.sentinel), for poll(2), mp.wait or an event loop; the handle's
+** own, valid until close() or its collection. */
+static int process_fileno(lua_State *L) {
+  mp_Worker *w = check_process(L, 1);
+  Process *p = lua_touserdata(L, 1);
+  if (p->sentinel == -2)
+    return luaL_error(L, "Process.fileno: the handle is closed");
+  if (p->sentinel < 0 && (p->sentinel = open_sentinel(w)) < 0)
+    return luaL_error(L, "Process.fileno: %s", strerror(errno));
+  lua_pushinteger(L, p->sentinel);
+  return 1;
+}
+
+/* close(): gives back the handle's sentinel; the worker must have ended
+** (Python's Process.close). */
+static int process_close(lua_State *L) {
+  mp_Worker *w = check_process(L, 1);
+  Process *p = lua_touserdata(L, 1);
+  if (w->pid > 0 && !mp_reap(w))
+    return luaL_error(L, "Process.close: process %d is still running "
+                         "(join, terminate or kill it first)", (int)w->pid);
+  if (p->sentinel >= 0) close(p->sentinel);
+  p->sentinel = -2;
+  return 0;
+}
+
+static int process_gc(lua_State *L) {
+  Process *p = luaL_checkudata(L, 1, MP_PROCESS_T);
+  if (p->sentinel >= 0) close(p->sentinel);
+  p->sentinel = -2;
+  return 0;
+}
+
 static int process_index(lua_State *L) {
   mp_Worker *w = check_process(L, 1);
   const char *key = lua_tostring(L, 2);
@@ -444,6 +491,8 @@ static int process_index(lua_State *L) {
   } else if (key != NULL && strcmp(key, "daemon") == 0) {
     lua_getiuservalue(L, 1, 1);
     lua_pushboolean(L, ((mp_Context *)lua_touserdata(L, -1))->daemon);
+  } else if (key != NULL && strcmp(key, "sentinel") == 0) {
+    process_fileno(L);
   } else {
     mp_push_method(L);
   }
@@ -510,7 +559,7 @@ static int current_is_alive(lua_State *L) {
   return 1;
 }
 
-/* current_process(): {pid, ident, name, rank, daemon, is_alive} of this
+/* current_process(): {pid, ident, ppid, name, rank, daemon, is_alive} of this
 ** process, as Python's: in a worker its rank and the name of its Process
 ** handle in the parent ("Process-<rank>"), else "MainProcess" and no
 ** rank; exitcode is nil (it runs). */
@@ -532,7 +581,7 @@ static int l_current_process(lua_State *L) {
   int worker;
   mp_checknoargs(L, 1);
   worker = lua_getfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY) == LUA_TTABLE;
-  lua_createtable(L, 0, 6);                         /* id t */
+  lua_createtable(L, 0, 7);                         /* id t */
   if (luaL_newmetatable(L, "multiprocessing.CurrentProcess")) {
     lua_pushcfunction(L, current_tostring);         /* id t mt f */
     lua_setfield(L, -2, "__tostring");
@@ -540,6 +589,8 @@ static int l_current_process(lua_State *L) {
   lua_setmetatable(L, -2);                          /* id t */
   lua_pushcfunction(L, current_is_alive);
   lua_setfield(L, -2, "is_alive");
+  lua_pushinteger(L, getppid());                    /* id t ppid */
+  lua_setfield(L, -2, "ppid");
   lua_pushinteger(L, getpid());                     /* id t pid */
   lua_pushvalue(L, -1);
   lua_setfield(L, -3, "pid");
@@ -571,11 +622,13 @@ void mp_open_context(lua_State *L) {
     {"close", ctx_close}, {"fileno", ctx_fileno}, {NULL, NULL}
   };
   static const luaL_Reg process_meta[] = {
-    {"__index", process_index}, {"__tostring", process_tostring}, {NULL, NULL}
+    {"__index", process_index}, {"__tostring", process_tostring},
+    {"__gc", process_gc}, {NULL, NULL}
   };
   static const luaL_Reg process_methods[] = {
     {"is_alive", process_is_alive}, {"terminate", process_terminate},
-    {"kill", process_kill}, {NULL, NULL}
+    {"kill", process_kill}, {"fileno", process_fileno},
+    {"close", process_close}, {NULL, NULL}
   };
   static const luaL_Reg funcs[] = {
     {"start_processes", l_start_processes}, {"spawn", l_spawn},

@@ -125,6 +125,7 @@ static void (*const parts[])(lua_State *L) = {
   mp_open_codec,        /* codec.c      encode, decode */
   mp_open_exception,    /* exception.c  the exception types, isinstance */
   mp_open_context,      /* context.c    start_processes, spawn, contexts */
+  mp_open_select,       /* select.c     mp.wait's poll */
   mp_open_cpus,         /* cpus.c       cpu_count */
   mp_open_pool,         /* pool.c       TimeoutError, Pool's C */
   mp_open_spawn,        /* start_spawn.c  a spawned worker's entry */

@@ -161,12 +161,8 @@ int mp_signal_worker(mp_Worker *w, int sig) {
 
 /* --- waiting ------------------------------------------------------------- */
 
-typedef struct Interrupt {
-  int fd;        /* signalfd for SIGINT, or -1 when not watched */
-  sigset_t old;
-} Interrupt;
-
-static void watch_interrupt(Interrupt *in) {
+/* Ctrl-C while a wait blocks in poll(2): see mp_interrupt_watch in mp.h. */
+void mp_interrupt_watch(mp_Interrupt *in) {
   struct sigaction sa;
   sigset_t set;
   in->fd = -1;
@@ -179,14 +175,14 @@ static void watch_interrupt(Interrupt *in) {
   if (in->fd < 0) pthread_sigmask(SIG_SETMASK, &in->old, NULL);
 }
 
-static void unwatch_interrupt(Interrupt *in) {
+void mp_interrupt_unwatch(mp_Interrupt *in) {
   if (in->fd < 0) return;
   close(in->fd);
   in->fd = -1;
   pthread_sigmask(SIG_SETMASK, &in->old, NULL);
 }
 
-static int took_interrupt(Interrupt *in) {
+int mp_interrupt_took(mp_Interrupt *in) {
   struct signalfd_siginfo ssi;
   return in->fd >= 0 && read(in->fd, &ssi, sizeof ssi) == (ssize_t)sizeof ssi;
 }
@@ -199,7 +195,7 @@ typedef enum { WOKE_EXIT, WOKE_TIMEOUT, WOKE_INTERRUPT } Wake;
 ** one per worker.  Descriptors that workers send with their reports are
 ** taken in meanwhile, so that a worker never waits for room in the socket
 ** while we wait for it. */
-static Wake wait_any(mp_Context *ctx, double deadline, Interrupt *in) {
+static Wake wait_any(mp_Context *ctx, double deadline, mp_Interrupt *in) {
   struct pollfd *fds = malloc(sizeof *fds * ((size_t)ctx->nprocs + 2));
   mp_Worker **who = malloc(sizeof *who * ((size_t)ctx->nprocs + 2));
   nfds_t sockat = (nfds_t)-1;
@@ -248,7 +244,7 @@ static Wake wait_any(mp_Context *ctx, double deadline, Interrupt *in) {
   }
   for (k = 0; r > 0 && k < n; k++)
     if (fds[k].revents != 0 && who[k] != NULL) mp_reap(who[k]);
-  if (in != NULL && took_interrupt(in)) wake = WOKE_INTERRUPT;
+  if (in != NULL && mp_interrupt_took(in)) wake = WOKE_INTERRUPT;
   free(fds);
   free(who);
   return wake;
@@ -341,7 +337,7 @@ static void on_interrupt(mp_Context *ctx, double grace) {
 /* Every worker reaped, or 'deadline' passed: 1, or 0 on the deadline.
 ** Each wake-up moves the ending on. */
 static int run_ending(mp_Context *ctx, double deadline, double grace,
-                      int grace_given, Interrupt *in) {
+                      int grace_given, mp_Interrupt *in) {
   for (;;) {
     Wake wake;
     step(ctx, grace, grace_given);
@@ -357,12 +353,12 @@ static int run_ending(mp_Context *ctx, double deadline, double grace,
 }
 
 void mp_terminate_all(mp_Context *ctx, double grace) {
-  Interrupt in;
-  watch_interrupt(&in);
+  mp_Interrupt in;
+  mp_interrupt_watch(&in);
   begin_term(ctx, grace);
   if (grace <= 0 && ctx->ending == MP_END_TERM) kill_all(ctx);
   run_ending(ctx, INFINITY, grace, 1, &in);
-  unwatch_interrupt(&in);
+  mp_interrupt_unwatch(&in);
 }
 
 /* --- fileno -------------------------------------------------------------- */
@@ -677,11 +673,11 @@ int mp_join(lua_State *L, int ctxidx, double timeout, double grace,
   double deadline = timeout < 0 ? INFINITY : mp_now() + timeout;
   ctxidx = lua_absindex(L, ctxidx);
   if (!ctx->closed) {
-    Interrupt in;
+    mp_Interrupt in;
     int done;
-    watch_interrupt(&in);
+    mp_interrupt_watch(&in);
     done = run_ending(ctx, deadline, grace, grace_given, &in);
-    unwatch_interrupt(&in);
+    mp_interrupt_unwatch(&in);
     if (done) finish_join(L, ctx, ctxidx);  /* closes the context */
     watch_sync(ctx);
   }

@@ -28,6 +28,8 @@
 **   worker.c       the child's side of every method: run fn(i, ...), report,
 **                  die with the parent (the lifeline), leave with _exit
 **   signames.c     signal numbers <-> names (mp.signals)
+**   select.c       mp.wait's one poll(2) over the descriptors of many
+**                  objects (lua/multiprocessing/process.lua: the rest)
 **
 ** Start methods
 **   start_fork.c   "fork"
@@ -232,6 +234,15 @@ void mp_watch_close(mp_Context *ctx);
 int  mp_reap(mp_Worker *w);
 /* Kills and reaps, by pid, a worker whose pidfd could not be had. */
 void mp_discard(mp_Worker *w);
+/* Ctrl-C while a wait blocks in poll(2) (join, mp.wait): watch blocks
+** SIGINT and opens a signalfd for it, to be polled with the rest (fd -1:
+** not watched -- the host ignores or blocks SIGINT itself); took reads it
+** (1: Ctrl-C came); unwatch closes it and restores the signal mask, before
+** the wait returns or raises. */
+typedef struct mp_Interrupt { int fd; sigset_t old; } mp_Interrupt;
+void mp_interrupt_watch(mp_Interrupt *in);
+int  mp_interrupt_took(mp_Interrupt *in);
+void mp_interrupt_unwatch(mp_Interrupt *in);
 /* 'sig' to a running worker and its process group, SIGCONT after a SIGTERM
 ** (a stopped worker ends at once); 0, or -1 and errno. */
 int  mp_signal_worker(mp_Worker *w, int sig);
@@ -298,6 +309,7 @@ void mp_open_spawn(lua_State *L);         /* start_spawn.c */
 void mp_open_fd(lua_State *L);
 void mp_open_cpus(lua_State *L);
 int mp_cpu_count(void);   /* cpus.c: at least 1 */
+void mp_open_select(lua_State *L);
 
 /* fdpass.c: descriptors over unix sockets.  At most MP_MAXFDS per message. */
 #define MP_MAXFDS 253
