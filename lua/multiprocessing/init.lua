@@ -25,8 +25,20 @@ M._VERSION = core._VERSION
 -- Processes: starting, joining, the handles of the workers.
 -- src/context.c, src/join.c, src/worker.c, src/start_*.c;
 -- spec/core_spec.lua, spec/results_spec.lua, spec/repl_spec.lua.
-export { "start_processes", "spawn", "ProcessContext", "active_children",
-         "current_process" }
+export { "start_processes", "spawn", "ProcessContext" }
+
+-- Processes with different jobs: mp.Process, waiting on whichever object
+-- is ready, results as they finish; the processes this one started and
+-- its own place among them.  lua/multiprocessing/process.lua (its C:
+-- src/select.c, the Process handle's sentinel in src/context.c);
+-- spec/process_spec.lua, spec/wait_spec.lua.
+do
+  local P = require "multiprocessing.process"
+  for _, name in ipairs { "Process", "wait", "as_completed", "active_children",
+                          "current_process", "parent_process" } do
+    M[name] = P[name]
+  end
+end
 
 -- Failures as exception objects.  src/exception.c; spec/core_spec.lua.
 export { "ProcessException", "ProcessRaisedException",
