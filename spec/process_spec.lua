@@ -232,7 +232,7 @@ for _, method in ipairs(H.methods) do
 
   describe("mp.Process under " .. method .. " when its parent dies:", function()
     it("leaves nothing of 10 live Processes and their children", function()
-      local tag = ("4.3%d"):format(#method)        -- one marker per method
+      local tag = ("431.%d"):format(#method)       -- one marker per method
       local child = H.run_child(([[
         mp = require "multiprocessing"
         procs = {}
@@ -243,17 +243,19 @@ for _, method in ipairs(H.methods) do
         pids = {}
         for i, p in ipairs(procs) do pids[i] = p.pid end
         announce(pids)
-        mp.Queue():get()   -- blocks (no child of ours holds the output pipe)
+        mp.Queue():get(600)   -- (no child of ours holds the output pipe)
       ]]):format(tag, method))
       local pids = child:pids()
-      assert.are.equal(11, #pids)
-      assert.is_true(H.eventually(function()   -- each has started its sleep
+      local sleeping = H.eventually(function()   -- each has started its sleep
         for i = 2, #pids do if #H.group(pids[i]) < 2 then return false end end
         return true
-      end, 10))
-      assert.are_not.equal("", survivors("^sleep " .. tag))
+      end, 30)
+      local before = survivors("^sleep " .. tag)
       child:kill("KILL")
       child:wait()
+      assert.are.equal(11, #pids)
+      assert.is_true(sleeping, "the sleeps did not start")
+      assert.are_not.equal("", before)
       assert.is_true(H.eventually(function()
         for i = 2, #pids do if H.alive(pids[i]) then return false end end
         return survivors("^sleep " .. tag) == ""

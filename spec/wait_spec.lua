@@ -208,11 +208,12 @@ for _, method in ipairs(H.methods) do
       })
       local list = repl:pids()
       -- it blocks in poll(2) once the line has run that far
-      assert.is_true(H.eventually(function()
+      local blocked = H.eventually(function()
         return (H.read("/proc/" .. list[1] .. "/wchan") or ""):find("poll") ~= nil
-      end, 10))
+      end, 30)
       repl:kill("INT")
       local out = repl:wait()
+      assert.is_true(blocked, out)
       assert.truthy(out:find("interrupted", 1, true), out)
       assert.truthy(out:find("multiprocessing.wait", 1, true), out)
       assert.truthy(out:find("back at the prompt\ttrue", 1, true), out)
