@@ -147,6 +147,54 @@ for _, method in ipairs(H.methods) do
       for _, p in ipairs { quick, slow, stuck } do p:kill() p:join() p:close() end
       gate:close()
     end)
+
+    it("runs as_completed over pool:submit futures, one of them killed mid-run", function()
+      local pool = mp.Pool(2, { start_method = method })
+      local double = function(x) return x * 2 end
+      local futures = {
+        pool:submit(double, 1),
+        pool:submit(function()
+          os.execute("kill -KILL " .. require("multiprocessing").current_process().pid)
+          os.execute("sleep 30")
+        end),
+        pool:submit(double, 3),
+      }
+      local values, failures = {}, {}
+      for ar in mp.as_completed(futures, 120) do
+        assert.is_true(ar:ready())
+        local ok, v = pcall(ar.get, ar)
+        if ok then values[#values + 1] = v else failures[#failures + 1] = v end
+      end
+      table.sort(values)
+      assert.are.same({ 2, 6 }, values)
+      assert.are.equal(1, #failures)
+      assert.is_true(mp.isinstance(failures[1], mp.ProcessExitedException), tostring(failures[1]))
+      assert.are.equal("SIGKILL", failures[1].signal_name)
+      pool:close()
+      pool:join()
+    end)
+
+    it("yields a cancelled future at once, the others as they finish", function()
+      local pool = mp.Pool(1, { start_method = method })
+      local gate = mp.Queue()
+      local first = pool:submit(function(g) return g:get() end, gate)
+      local later = pool:submit(function() return "later" end)
+      local cancelled = pool:submit(function() return "never" end)
+      assert.is_true(cancelled:cancel())
+      local order = {}
+      for ar in mp.as_completed({ first, later, cancelled }) do
+        order[#order + 1] = ar
+        if ar == cancelled then gate:put("first") end
+      end
+      assert.are.equal(cancelled, order[1])
+      assert.is_true(cancelled:cancelled())
+      assert.has_error(function() cancelled:get() end)
+      assert.are.equal("first", first:get())
+      assert.are.equal("later", later:get())
+      pool:close()
+      pool:join()
+      gate:close()
+    end)
   end)
 end
 
