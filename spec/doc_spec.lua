@@ -314,7 +314,9 @@ describe("the man pages", function()
     assert.truthy(text:find('mp.start_processes(fn, args, nprocs, true, false, "fork")', 1, true))
     for _, name in ipairs { "start_processes", "ctx:join", "ctx:fileno", "mp.Pool", "pool:map", "imap_unordered",
                             "apply_async", "mp.TimeoutError", "mprun(1)", "mp.world()", "mp.Queue", "mp.Array",
-                            "lmp_worker_main", "set_executable", "LUA_MP_NO_PIDFD_EXIT_INFO" } do
+                            "lmp_worker_main", "set_executable", "LUA_MP_NO_PIDFD_EXIT_INFO",
+                            "mp.Process", "mp.wait", "mp.as_completed", "mp.Interrupted", "pool:submit",
+                            "ar:cancel", "interrupted: SIGINT during Pool.map" } do
       assert.truthy(text:find(name, 1, true), name)
     end
   end)
