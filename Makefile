@@ -67,7 +67,7 @@ CORE_SRC = src/core.c src/args.c src/context.c src/join.c src/exception.c src/re
            src/worker.c src/start_fork.c src/start_spawn.c src/signames.c \
            src/codec.c src/fdpass.c src/shm.c src/ledger.c src/array.c \
            src/channel.c src/sync.c src/wait.c src/nested.c src/payload.c src/launch.c \
-           src/executable.c src/forkserver.c src/fd.c src/cpus.c src/pool.c src/select.c
+           src/executable.c src/forkserver.c src/fd.c src/cpus.c src/pool.c src/select.c src/title.c
 CORE_OBJ = $(CORE_SRC:src/%.c=$(BUILD)/obj/%.o)
 CORE_SO  = $(BUILD)/multiprocessing/core.so
 # The worker program for embedding hosts (worker_main.c), found next to

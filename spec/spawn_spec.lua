@@ -389,3 +389,73 @@ for _, method in ipairs({ "spawn", "forkserver" }) do
     end)
   end)
 end
+
+-- Issue 19, item 4: what ps, pgrep -f and top show for a worker, under
+-- every start method: a plain worker as "lua worker <rank>/<n> (<script>)",
+-- a title of its own with core._set_title, the thread name its first 15
+-- bytes; the command line a spawned worker starts with is short (the
+-- bootstrap comes in its environment, which the worker then drops).
+for _, method in ipairs(H.methods) do
+  describe("process titles under " .. method .. ":", function()
+    H.leak_check(before_each, after_each)
+
+    -- fn(rank, out) runs in each worker; what the worker's shell saw of it
+    -- (ps of $PPID, the worker) is returned per rank.
+    local function seen(n, title)
+      return mp.start_processes(function(i, t)
+        local c = require "multiprocessing.core"
+        if t then c._set_title(t:format(i)) end
+        local out = os.tmpname()
+        -- (procps under the sanitizer build's LD_PRELOAD deadlocks)
+        os.execute(("{ unset LD_PRELOAD; ps -o args= -p $PPID; cat /proc/$PPID/comm; " ..
+                    "pgrep -f '^lua worker %d/' | grep -qx $PPID && echo found; " ..
+                    "echo boot=${LUA_MP_BOOT+set} " ..
+                    "; } > %s 2>&1"):format(i, out))
+        local f = io.open(out)
+        local text = f:read("a")
+        f:close()
+        os.remove(out)
+        return { text = text, boot = os.getenv("LUA_MP_BOOT") }
+      end, { title }, n, true, false, method)
+    end
+
+    it("a plain worker is 'lua worker <rank>/<n> (<script>)' in ps and pgrep -f", function()
+      local script = arg and arg[0] or "?"
+      local results = seen(2)
+      for rank = 0, 1 do
+        local text = results[rank + 1].text
+        local args, comm, found, boot = text:match("^([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n")
+        assert.are.equal(("lua worker %d/2 (%s)"):format(rank, script), args, text)
+        assert.are.equal(("lua worker %d/2 (%s)"):format(rank, script):sub(1, 15), comm)
+        assert.are.equal("found", found, text)
+        assert.are.equal("boot=", boot, text)   -- its children do not get it
+        assert.is_nil(results[rank + 1].boot)
+      end
+    end)
+
+    it("core._set_title sets a worker's command line and thread name", function()
+      local long = "mprun[%d/16] train.lua --lr 0.1 " .. ("--option-%d "):rep(20):format(
+        1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20)
+      local results = seen(1, long)
+      local args, comm = results[1].text:match("^([^\n]*)\n([^\n]*)\n")
+      assert.are.equal(long:format(0), args, results[1].text)
+      assert.are.equal("mprun[0/16] tra", comm)
+      -- the environment still works after the title took its room
+      assert.is_nil(results[1].boot)
+    end)
+  end)
+end
+
+describe("a spawned worker's command line", function()
+  H.leak_check(before_each, after_each)
+
+  it("is short until the worker sets its title, and carries no bootstrap", function()
+    local ctx = mp.start_processes(function() os.execute("sleep 1") end, {}, 1, false, false, "spawn")
+    local pid = ctx:pids()[1]
+    -- whatever moment ps catches it at: the short line or the title
+    local args = H.sh("env -u LD_PRELOAD ps -o args= -p " .. pid):gsub("\n$", "")
+    ctx:join()
+    assert.is_true(#args < 120, args)
+    assert.is_nil(args:find("package.cpath", 1, true), args)
+  end)
+end)

@@ -136,6 +136,7 @@ static void (*const parts[])(lua_State *L) = {
   mp_open_channel,      /* channel.c    Queue, SimpleQueue, Pipe */
   mp_open_sync,         /* sync.c       Lock ... Barrier */
   mp_open_fd,           /* fd.c         Fd: a descriptor that crosses (_fd) */
+  mp_open_title,        /* title.c      _set_title: what ps shows */
 };
 
 LUAMOD_API int luaopen_multiprocessing_core(lua_State *L);

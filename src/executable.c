@@ -137,12 +137,40 @@ static void push_bootstrap(lua_State *L, const char *call) {
   lua_settop(L, top + 1);                             /* chunk */
 }
 
-void mp_push_argv(lua_State *L, int exe, const char *call, char *argv[4]) {
+/* The line a fresh worker's command line holds: short, so that ps shows
+** something readable until the worker sets its title (title.c), which
+** may use its room.  What it runs, the bootstrap, comes in BOOT_ENV: the
+** worker removes it from its environment as soon as the core is loaded
+** (mp_boot_done), so its own children never see it. */
+#define BOOT_LINE LMP_WORKER_MARK " load(os.getenv\"" MP_BOOT_ENV "\")()"
+
+char **mp_push_argv(lua_State *L, int exe, const char *call, char *argv[4]) {
+  size_t nenv = 0, i, len;
+  const char *chunk;
+  char **envp, *boot;
+  while (environ != NULL && environ[nenv] != NULL) nenv++;
   push_bootstrap(L, call);                            /* chunk */
+  chunk = lua_tolstring(L, -1, &len);
+  envp = lua_newuserdatauv(L, (nenv + 2) * sizeof(char *) +
+                              sizeof MP_BOOT_ENV + 1 + len, 0);
+                                                      /* chunk envp */
+  boot = (char *)(envp + nenv + 2);
+  memcpy(boot, MP_BOOT_ENV "=", sizeof MP_BOOT_ENV);
+  memcpy(boot + sizeof MP_BOOT_ENV, chunk, len + 1);
+  /* ours first: getenv finds it even if the host has one (it should not) */
+  envp[0] = boot;
+  for (i = 0; i < nenv; i++) envp[i + 1] = environ[i];
+  envp[nenv + 1] = NULL;
+  lua_remove(L, -2);                                  /* envp */
   argv[0] = (char *)(size_t)lua_tostring(L, exe);
   argv[1] = (char *)(size_t)"-e";
-  argv[2] = (char *)(size_t)lua_tostring(L, -1);
+  argv[2] = (char *)(size_t)BOOT_LINE;
   argv[3] = NULL;
+  return envp;
+}
+
+void mp_boot_done(void) {
+  unsetenv(MP_BOOT_ENV);
 }
 
 /* --- the hello of a chosen executable ------------------------------------ */

@@ -187,7 +187,7 @@ static void worker_child(lua_State *sub, const Job *job, int rank) {
   job->fds[MP_WFD_LIFELINE] = -1;
   to.fd = job->fds[MP_WFD_REPORTS];
   to.sock = job->fds[MP_WFD_RSOCK];
-  mp_worker_run(sub, 1, 2, rank, &to);
+  mp_worker_run(sub, 1, 2, rank, job->rq->nprocs, &to);
 }
 
 /* Protected, in the request's own state: the payload -> fn, args. */
@@ -229,6 +229,7 @@ static void serve(const Job *job) {
     return;
   }
   fflush(NULL);  /* whatever loading printed must not be printed n times */
+  mp_title_prepare(sub);  /* the workers set their titles without /proc */
   for (i = 0; i < job->rq->nprocs; i++) {
     int pidfd = -1, err;
     pid_t pid = clone_worker(&pidfd, job->rb);
@@ -252,7 +253,11 @@ static int l_forkserver_main(lua_State *L) {
   pid_t parent = (pid_t)luaL_checkinteger(L, 2);
   Robust rb;
   lmp_Openlibs openlibs = NULL;
+  mp_boot_done();
   if (getppid() != parent) _exit(1);
+  lua_pushfstring(L, "lua forkserver for %d", (int)parent);
+  mp_title_set(L, lua_tostring(L, -1), lua_rawlen(L, -1));
+  lua_pop(L, 1);
   if (lua_getfield(L, LUA_REGISTRYINDEX, LMP_OPENLIBS_KEY) == LUA_TUSERDATA)
     openlibs = *(lmp_Openlibs *)lua_touserdata(L, -1);
   lua_pop(L, 1);
@@ -348,15 +353,15 @@ static int server_dead(const Server *s) {
 
 /* Starts the server of the handle at 'si' with the executable at 'ei'. */
 static int server_start(lua_State *L, Server *s, int si, int ei) {
-  char call[64], *argv[4];
+  char call[64], *argv[4], **envp;
   int sv[2], err;
   pid_t pid;
   int pidfd;
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
     return mp_push_errno(L, "socketpair", errno);
   snprintf(call, sizeof call, "_forkserver_main(3,%ld)", (long)getpid());
-  mp_push_argv(L, ei, call, argv);                        /* chunk */
-  err = mp_launch(L, argv[0], argv, &sv[1], 1, &pid, &pidfd);
+  envp = mp_push_argv(L, ei, call, argv);                 /* envp */
+  err = mp_launch(L, argv[0], argv, envp, &sv[1], 1, &pid, &pidfd);
   close(sv[1]);
   if (err != 0) {
     close(sv[0]);

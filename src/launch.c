@@ -101,7 +101,7 @@ typedef struct KSigaction {
 
 typedef struct Child {
   const char *exe;
-  char *const *argv;
+  char *const *argv, *const *envp;
   const int *fds;         /* become 3, 4, ... in the new program */
   int nfds;
   int tmp[MP_LAUNCH_MAXFDS];
@@ -158,7 +158,7 @@ static int child_main(void *arg) {
     /* The parent blocked everything around clone; the new program starts
     ** with an empty mask (a join may have been blocking SIGINT). */
     syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, KSIGSET_SIZE);
-    syscall(SYS_execve, c->exe, c->argv, environ);
+    syscall(SYS_execve, c->exe, c->argv, c->envp);
   }
   c->err = errno ? errno : ENOEXEC;
   syscall(SYS_exit_group, 127);
@@ -173,7 +173,8 @@ static void reap_failed(pid_t pid, int pidfd) {
 }
 
 int mp_launch(lua_State *L, const char *exe, char *const argv[],
-              const int *fds, int nfds, pid_t *pid, int *pidfd) {
+              char *const envp[], const int *fds, int nfds, pid_t *pid,
+              int *pidfd) {
   int saved_errno = errno, err;
   sigset_t all, old;
   Child c;
@@ -185,6 +186,7 @@ int mp_launch(lua_State *L, const char *exe, char *const argv[],
                          EMFILE);
   c.exe = exe;
   c.argv = argv;
+  c.envp = envp;
   c.fds = fds;
   c.nfds = nfds;
   c.err = 0;

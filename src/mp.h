@@ -30,6 +30,8 @@
 **   signames.c     signal numbers <-> names (mp.signals)
 **   select.c       mp.wait's one poll(2) over the descriptors of many
 **                  objects (lua/multiprocessing/process.lua: the rest)
+**   title.c        what ps and top show for a process: its command line and
+**                  thread name (core._set_title, a worker's default title)
 **
 ** Start methods
 **   start_fork.c   "fork"
@@ -286,10 +288,19 @@ int  mp_lifeline_create(int lifeline[2]);
 #define MP_WORKER_KEY "multiprocessing.worker"
 /* Before mp_worker_run: the worker's context is daemonic or not. */
 void mp_worker_daemon(lua_State *L, int daemon);
-/* Runs fn(rank, table.unpack(args)), reports, and never returns. */
-void mp_worker_run(lua_State *L, int fn, int args, int rank,
+/* Runs fn(rank, table.unpack(args)), reports, and never returns; the
+** worker's title is "lua worker <rank>/<nprocs> (<script>)" until fn sets
+** another. */
+void mp_worker_run(lua_State *L, int fn, int args, int rank, int nprocs,
                    const mp_ReportTo *to)
     __attribute__((noreturn));
+
+/* title.c: sets what ps -o args, pgrep -f and top show for this process,
+** and its thread name (the first 15 bytes).  mp_title_prepare learns where
+** the argv area is (once per state), so that a forked child sets its title
+** without reading /proc. */
+void mp_title_prepare(lua_State *L);
+void mp_title_set(lua_State *L, const char *text, size_t len);
 
 /* signames.c */
 const char *mp_signal_name(int signum);   /* NULL when unknown */
@@ -310,6 +321,7 @@ void mp_open_fd(lua_State *L);
 void mp_open_cpus(lua_State *L);
 int mp_cpu_count(void);   /* cpus.c: at least 1 */
 void mp_open_select(lua_State *L);
+void mp_open_title(lua_State *L);
 
 /* fdpass.c: descriptors over unix sockets.  At most MP_MAXFDS per message. */
 #define MP_MAXFDS 253
@@ -398,11 +410,16 @@ void   mp_new_class(lua_State *L, const char *tname, const luaL_Reg *meta,
 
 /* executable.c: the program that runs fresh workers (set_executable, or
 ** the running stock interpreter, or the worker next to core.so); pushes
-** it.  mp_push_argv fills argv = {exe, "-e", chunk, NULL} for the
-** executable at stack index 'exe', where the chunk (pushed; argv borrows
-** it) loads the core and calls core.<call>. */
+** it.  mp_push_argv fills argv = {exe, "-e", a short line, NULL} for the
+** executable at stack index 'exe', and pushes and returns the environment
+** to start it with: ours, plus MP_BOOT_ENV, the chunk that loads the core
+** and calls core.<call> (argv borrows the exe string, the environment is
+** the pushed userdata).  The worker calls mp_boot_done once the core is
+** loaded: its children must not inherit the chunk. */
+#define MP_BOOT_ENV "LUA_MP_BOOT"
 const char *mp_push_executable(lua_State *L);
-void mp_push_argv(lua_State *L, int exe, const char *call, char *argv[4]);
+char **mp_push_argv(lua_State *L, int exe, const char *call, char *argv[4]);
+void mp_boot_done(void);
 /* An executable chosen with set_executable has answered once in this
 ** state (the defaults always have): no need to wait for its hello. */
 int  mp_executable_verified(lua_State *L, const char *exe);
@@ -464,13 +481,14 @@ typedef int (*mp_FreshLaunch)(lua_State *L, mp_Context *ctx, int exe,
 ** stack as it was, plus the message on failure. */
 int  mp_start_fresh(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
                     int args, mp_FreshLaunch launch);
-/* Starts 'exe' with 'argv' (NULL-terminated) in its own process group,
-** with fds[i] as descriptor 3 + i and no other of ours above 2, and a
-** pidfd made with it (the exec makes its exit signal SIGCHLD again).  0,
+/* Starts 'exe' with 'argv' and 'envp' (NULL-terminated) in its own
+** process group, with fds[i] as descriptor 3 + i and no other of ours
+** above 2, and a pidfd made with it (the exec makes its exit signal SIGCHLD again).  0,
 ** or an errno with a message pushed. */
 #define MP_LAUNCH_MAXFDS 256
 int  mp_launch(lua_State *L, const char *exe, char *const argv[],
-               const int *fds, int nfds, pid_t *pid, int *pidfd);
+               char *const envp[], const int *fds, int nfds, pid_t *pid,
+               int *pidfd);
 /* waitid(2) for the child 'pidfd' (by 'pid' when pidfd < 0), retried on
 ** EINTR, WEXITED and __WALL added to 'options'; 0 or -1 with errno. */
 int  mp_wait_child(pid_t pid, int pidfd, siginfo_t *si, int options);

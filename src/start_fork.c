@@ -71,6 +71,7 @@ static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
   int i, err = 0;
   (void)ctxidx;  /* a fork keeps nothing: the child has it all */
   warn_if_threaded(L);
+  mp_title_prepare(L);  /* the children set their titles without /proc */
   if (host_may_reap() && pipe2(gate, O_CLOEXEC) != 0)
     return mp_push_errno(L, "pipe", errno);
   /* Anything still buffered would otherwise be printed by every child. */
@@ -95,7 +96,7 @@ static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
       }
       to.fd = ctx->reports.fd;
       to.sock = ctx->reports.peer;
-      mp_worker_run(L, fn, args, i, &to);
+      mp_worker_run(L, fn, args, i, ctx->nprocs, &to);
     }
     setpgid(pid, pid);  /* also here: we may signal the group before the
                            child has run a single instruction */

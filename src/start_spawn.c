@@ -41,13 +41,13 @@ static int spawn_launch(lua_State *L, mp_Context *ctx, int exe,
   for (i = 0; i < ctx->nprocs && err == 0; i++) {
     mp_Worker *w = &ctx->workers[i];
     int says_hello = i == 0 && hello[1] >= 0;
-    char *argv[4], call[96];
-    snprintf(call, sizeof call, "_spawn_main(%d,%ld,%d,%d)", i,
+    char *argv[4], **envp, call[112];
+    snprintf(call, sizeof call, "_spawn_main(%d,%ld,%d,%d,%d)", i,
              (long)parent, nfds - MP_WFD_NFIXED,
-             says_hello ? FD_FIRST + nfds : -1);
-    mp_push_argv(L, exe, call, argv);                     /* ... chunk */
-    err = mp_launch(L, path, argv, fds, nfds + says_hello, &w->pid,
-                    &w->pidfd);                           /* ... chunk [msg] */
+             says_hello ? FD_FIRST + nfds : -1, ctx->nprocs);
+    envp = mp_push_argv(L, exe, call, argv);              /* ... envp */
+    err = mp_launch(L, path, argv, envp, fds, nfds + says_hello, &w->pid,
+                    &w->pidfd);                           /* ... envp [msg] */
     if (err == 0) {
       ctx->started = i + 1;
       lua_pop(L, 1);                                      /* ... */
@@ -75,16 +75,18 @@ static void keep_private(int fd) {
   if (flags >= 0) fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
 }
 
-/* _spawn_main(rank, parent_pid, nfds, hello_fd): in the fresh interpreter,
-** with the descriptors of mp_worker_fds from FD_FIRST on ('nfds' of them
-** the codec's); never returns. */
+/* _spawn_main(rank, parent_pid, nfds, hello_fd, nprocs): in the fresh
+** interpreter, with the descriptors of mp_worker_fds from FD_FIRST on
+** ('nfds' of them the codec's); never returns. */
 static int l_spawn_main(lua_State *L) {
   int rank = (int)luaL_checkinteger(L, 1);
   pid_t parent = (pid_t)luaL_checkinteger(L, 2);
   int nfds = (int)luaL_checkinteger(L, 3), i;
   int hello = (int)luaL_checkinteger(L, 4);
+  int nprocs = (int)luaL_checkinteger(L, 5);
   int *fds;
   mp_ReportTo to;
+  mp_boot_done();
   luaL_argcheck(L, nfds >= 0 && nfds <= MP_LAUNCH_MAXFDS, 3, "bad count");
   mp_worker_detach(parent, FD_FIRST + MP_WFD_LIFELINE);
   /* hello: this program runs the protocol */
@@ -104,7 +106,7 @@ static int l_spawn_main(lua_State *L) {
   }
   mp_payload_load(L, FD_FIRST + MP_WFD_PAYLOAD, fds, (size_t)nfds);
   close(FD_FIRST + MP_WFD_PAYLOAD);
-  mp_worker_run(L, lua_gettop(L) - 1, lua_gettop(L), rank, &to);
+  mp_worker_run(L, lua_gettop(L) - 1, lua_gettop(L), rank, nprocs, &to);
 }
 
 void mp_open_spawn(lua_State *L) {

@@ -352,11 +352,42 @@ void mp_worker_daemon(lua_State *L, int daemon) {
   lua_pop(L, 1);
 }
 
-void mp_worker_run(lua_State *L, int fn, int args, int rank,
+/* The script a plain worker's title names: the parent's arg[0] (the
+** script lua5.4 ran), else the chunk fn was defined in. */
+static void push_script(lua_State *L, int fn) {
+  int top = lua_gettop(L);
+  lua_Debug ar;
+  if (lua_getglobal(L, "arg") == LUA_TTABLE &&        /* arg */
+      lua_rawgeti(L, -1, 0) == LUA_TSTRING) {         /* arg script */
+    lua_remove(L, -2);                                /* script */
+    return;
+  }
+  lua_settop(L, top);                                 /* */
+  lua_pushvalue(L, fn);                               /* fn */
+  if (lua_getinfo(L, ">S", &ar))                      /* */
+    lua_pushstring(L, ar.short_src);                  /* script */
+  else
+    lua_pushliteral(L, "?");
+}
+
+/* "lua worker <rank>/<n> (<script>)", until the worker sets its own. */
+static void set_default_title(lua_State *L, int fn, int rank, int nprocs) {
+  size_t len;
+  const char *title;
+  push_script(L, fn);                                 /* script */
+  title = lua_pushfstring(L, "lua worker %d/%d (%s)", rank, nprocs,
+                          lua_tostring(L, -1));       /* script title */
+  len = lua_rawlen(L, -1);
+  mp_title_set(L, title, len);
+  lua_pop(L, 2);                                      /* */
+}
+
+void mp_worker_run(lua_State *L, int fn, int args, int rank, int nprocs,
                    const mp_ReportTo *to) {
   int code = 1;
   fn = lua_absindex(L, fn);
   args = lua_absindex(L, args);
+  set_default_title(L, fn, rank, nprocs);
   push_identity(L, 0);
   lua_pushinteger(L, rank);
   lua_setfield(L, -2, "rank");
