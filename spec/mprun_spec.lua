@@ -122,6 +122,30 @@ describe("mprun", function()
       assert.are.equal("3\t4\t1\t2\t29501\n", out)
     end)
 
+    for _, method in ipairs(H.methods) do
+      it("shows each rank in ps as mprun[<rank>/<n>] <script> <args> (" .. method .. ")", function()
+        local marker = os.tmpname()
+        local script = H.script(([[
+          io.open(%q, "a"):write("up\n"):close()
+          os.execute("sleep 3.17")]]):format(marker), "")
+        local runner = ("%s -n 2 --start-method %s %s --lr 0.1 >/dev/null 2>&1 &")
+                       :format(MPRUN, method, q(script))
+        os.execute(runner)
+        assert.is_truthy(H.eventually(function()
+          return select(2, (H.read(marker) or ""):gsub("up", "")) >= 2
+        end, 30))
+        local shown = {}
+        for line in H.sh("ps -eo args"):gmatch("[^\n]+") do shown[line:gsub("%s+$", "")] = true end
+        for r = 0, 1 do
+          local want = ("mprun[%d/2] %s --lr 0.1"):format(r, script)
+          assert.is_truthy(shown[want], want)
+        end
+        assert.is_true(gone("^sleep 3%.17"))
+        os.remove(marker)
+        os.remove(script)
+      end)
+    end
+
     it("sets arg and ... as lua5.4 does for a script", function()
       local script = H.script([[print(arg[0], arg[1], arg[2], #arg, select("#", ...), ...)]], "")
       local out, err, code = mprun(q(script) .. " a 'b c'")
