@@ -124,6 +124,22 @@ for _, method in ipairs(H.methods) do
       assert.are.equal("SIGKILL", e2.signal_name)
     end)
 
+    it("shows in ps as 'lua process <name> (<script>)'", function()
+      local q = mp.Queue()
+      local p = P(function(queue) queue:get() end, { q }, { name = "indexer" })
+      p:start()
+      local cmdline = H.eventually(function()
+        local text = (H.read("/proc/" .. p.pid .. "/cmdline") or ""):gsub("%z+$", "")
+        return text:find("^lua process indexer %(") and text
+      end, 10)
+      q:put(1)
+      assert.is_true(p:join())
+      q:close()
+      assert.truthy(cmdline, "the title was not set")
+      local script = type(arg) == "table" and arg[0] or "lua"
+      assert.are.equal(("lua process indexer (%s)"):format(script), cmdline)
+    end)
+
     it("terminate() ends it and its group with SIGTERM", function()
       local p = P(function() os.execute("sleep 30") end)
       p:start()

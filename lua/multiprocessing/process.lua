@@ -91,10 +91,13 @@ function M.parent_process()
   }
 end
 
--- In the child, before its job: who it is.
+-- In the child, before its job: who it is, and what ps shows.
 function M._enter(info)
   me = { identity = info.identity, count = 0, pid = core.current_process().pid,
          name = info.name, daemon = info.daemon, parent = info.parent }
+  if core._set_title then
+    core._set_title(("lua process %s (%s)"):format(info.name, info.script))
+  end
 end
 
 -- The body of every Process's worker: the job's values, packed.
@@ -213,7 +216,9 @@ function methods:start()
   end
   local parent = M.current_process()
   local info = { name = self.name, daemon = self.daemon, identity = self._identity,
-                 parent = { pid = parent.pid, name = parent.name } }
+                 parent = { pid = parent.pid, name = parent.name },
+                 script = type(arg) == "table" and type(arg[0]) == "string"
+                          and arg[0] or "lua" }
   local method = self.start_method or require("multiprocessing").get_start_method()
   local ok, ctx = pcall(core.start_processes, child_main,
                         { self._target, self._args, info }, 1, false,
