@@ -32,6 +32,9 @@ for _, method in ipairs(H.methods) do
       assert.are.same({ n = 4, 3, "two", nil, 2 }, table.pack(p:result()))
       assert.is_nil(p:error())
       assert.is_false(p:is_alive())
+      assert.are.equal(mp.Process, getmetatable(p))
+      assert.is_true(mp.isinstance(p, mp.Process))
+      assert.is_false(mp.isinstance({}, mp.Process))
       p:close()
     end)
 

@@ -376,9 +376,9 @@ function Process.__tostring(self)
   return ("Process '%s' (%s)"):format(self.name, state)
 end
 
--- mp.Process: the constructor, and the type (getmetatable(p) == mp.Process
--- is false: the metatable is Process; mp.isinstance is for exceptions).
-M.Process = setmetatable({ new = new }, { __call = new })
+-- mp.Process: the constructor, and the type: the metatable of every
+-- Process, so getmetatable(p) == mp.Process and mp.isinstance(p, mp.Process).
+M.Process = setmetatable(Process, { __call = new })
 
 --- mp.active_children(): the live workers this process started, as
 -- mp.Process objects where they are one.
