@@ -391,16 +391,18 @@ end
 ---------------------------------------------------------------------------
 -- wait
 
+local function index(o, k) return o[k] end
+
 -- The descriptor of object 'o' and its ready method, if any.
 local function waitable(fname, o, i)
   if math.type(o) == "integer" then return o, nil end
   local t = type(o)
   local fileno, ready
-  if t == "table" or t == "userdata" then
+  if t == "table" or t == "userdata" then   -- (a userdata may not index)
     local ok
-    ok, fileno = pcall(function() return o.fileno end)
+    ok, fileno = pcall(index, o, "fileno")
     if not ok then fileno = nil end
-    ok, ready = pcall(function() return o.ready end)
+    ok, ready = pcall(index, o, "ready")
     if not ok or type(ready) ~= "function" then ready = nil end
   end
   if type(fileno) ~= "function" then
