@@ -29,6 +29,7 @@ local S = require "multiprocessing.poolsup"
 local M = {}
 
 local now, mk_exception = core._now, core._exception
+local chunk, new_table = core._chunk, core._table
 local tmove, floor, min, max = table.move, math.floor, math.min, math.max
 local pcall, type = pcall, type
 local argerror, describe, check_type = C.argerror, C.describe, C.check_type
@@ -334,8 +335,9 @@ local function send(self, w, job, first, n)
       if not known[fid] then need_fn(w, msg, fid, fns[pos]) end
     end
   else
-    tmove(job.list, first, first + n - 1, 5, msg)
+    -- the run of the caller's list crosses as a view, not copied into msg
     need_fn(w, msg, job.fid, job.fn)
+    msg = chunk(msg, job.list, first, n)
   end
   local ok, sent, why = pcall(w.q.put, w.q, msg)
   if not (ok and sent) then
@@ -647,7 +649,7 @@ local function new_job(self, fname, kind, fn, list, cs, star, default_cs)
   if not core._plain(list, n) then check_sendable(fname, "list", list, 3) end
   local job = { kind = kind, fname = fname, mode = star and 1 or 0, fn = fn, fid = fid,
                 list = list, n = n, next = 1, left = n, chunksize = cs,
-                results = { n = n }, tries = {}, outcomes = opts.outcomes,
+                results = new_table(n, n), tries = {}, outcomes = opts.outcomes,
                 timeout = opts.timeout, pool = self }
   job.progress = progress_line(self, job)
   if n > 0 then
