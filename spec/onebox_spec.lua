@@ -71,7 +71,7 @@ end
 
 -- What a failing rank 6 (local rank 2 on h2) makes its node's copy say.
 local ROOT_CAUSE = {
-  library = { "h2: process 2 terminated with exit code 5" },
+  library = { "h2: ProcessExitedException: process 2 terminated with exit code 5" },
   mprun = { "h2:   rank       : 6 (local_rank 2 of 4)", "h2:   exit code  : 5" },
 }
 
