@@ -1,17 +1,25 @@
--- bench/lua_pool.lua METHOD REPS MAPN APPLYN
+-- bench/lua_pool.lua METHOD REPS MAPN APPLYN [MAXN]
 -- mp.Pool(4) with start method METHOD, the same workloads as
 -- bench/py_pool.py.  JSON lines, one sample per repetition (or "skip"):
 --   lua_pool_map1: tasks/s of pool:map(f, 1..MAPN, 1)   (chunksize 1)
 --   lua_pool_mapdef: tasks/s of pool:map(f, 1..MAPN)    (default chunking)
+--   lua_pool_unord: tasks/s of pool:imap_unordered(f, 1..MAPN, c), c the
+--     chunksize map's default chunking takes (MAPN / 16, rounded up)
+--   lua_pool_starmap: tasks/s of pool:starmap(f, {{1}, ..., {MAPN}})
+--     (default chunking)
 --   lua_pool_apply: tasks/s of APPLYN apply_async(f, {i}), then get() each
 --   lua_pool_start: ms of mp.Pool(4) + close + join
 -- f is function(x) return x end.  The pool is warmed up (one small map)
--- before timing.  MAPN = APPLYN = 0: only lua_pool_start.
+-- before timing.  MAPN = APPLYN = 0: only lua_pool_start.  MAXN > 0: only
+--   lua_pool_maxtasks: tasks/s of pool:map(f, 1..MAXN, 1) on a fresh
+--     Pool(4, {maxtasksperchild = 1}) (a worker replaced after every task)
 local B = dofile("bench/lib.lua")
 local method, reps, mapn, applyn = arg[1], tonumber(arg[2]), tonumber(arg[3]),
                                    tonumber(arg[4])
-local NAMES = { "lua_pool_map1", "lua_pool_mapdef", "lua_pool_apply",
-                "lua_pool_start" }
+local maxn = tonumber(arg[5] or "0")
+local NAMES = maxn > 0 and { "lua_pool_maxtasks" } or
+  { "lua_pool_map1", "lua_pool_mapdef", "lua_pool_unord", "lua_pool_starmap",
+    "lua_pool_apply", "lua_pool_start" }
 local mp, why = B.load_mp()
 if mp and not mp.Pool then mp, why = nil, "mp.Pool missing" end
 if not mp then
@@ -20,8 +28,25 @@ if not mp then
 end
 
 local function f(x) return x end
-local list = {}
-for i = 1, mapn do list[i] = i end
+local list, stars = {}, {}
+for i = 1, mapn do list[i], stars[i] = i, { i } end
+
+if maxn > 0 then
+  local ok, e = pcall(function()
+    local s = {}
+    for r = 1, reps do
+      local pool <close> = mp.Pool(4, { start_method = method, maxtasksperchild = 1 })
+      local t0 = B.now()
+      local few = {}
+      for i = 1, maxn do few[i] = i end
+      assert(pool:map(f, few, 1)[maxn] == maxn)
+      s[r] = maxn / (B.now() - t0)
+    end
+    B.emit { bench = "lua_pool_maxtasks", method = method, samples = s }
+  end)
+  if not ok then B.skip("lua_pool_maxtasks", e, { method = method }) end
+  return
+end
 
 local function rate(n, body)
   local s = {}
@@ -48,6 +73,15 @@ if mapn > 0 then
 end)
 measure("lua_pool_mapdef", mapn, function(pool)
   assert(pool:map(f, list)[mapn] == mapn)
+end)
+local cs = (mapn + 15) // 16
+measure("lua_pool_unord", mapn, function(pool)
+  local got = 0
+  for _ in pool:imap_unordered(f, list, cs) do got = got + 1 end
+  assert(got == mapn)
+end)
+measure("lua_pool_starmap", mapn, function(pool)
+  assert(pool:starmap(f, stars)[mapn] == mapn)
 end)
 measure("lua_pool_apply", applyn, function(pool)
   local ars = {}

@@ -1,14 +1,19 @@
 """Python peer of bench/lua_pool.lua: multiprocessing.Pool(4).
 
-    python3 bench/py_pool.py METHOD REPS MAPN APPLYN
+    python3 bench/py_pool.py METHOD REPS MAPN APPLYN [MAXN]
 
 JSON lines, one sample per repetition:
   py_pool_map1: tasks/s of pool.map(f, range(MAPN), chunksize=1)
   py_pool_mapdef: tasks/s of pool.map(f, range(MAPN)) (default chunking)
+  py_pool_unord: tasks/s of pool.imap_unordered(f, range(MAPN), c), c what
+    map's default chunking takes (MAPN / 16, rounded up)
+  py_pool_starmap: tasks/s of pool.starmap(f, [(0,), ...]) (default chunking)
   py_pool_apply: tasks/s of APPLYN apply_async(f, (i,)), then get() each
   py_pool_start: ms of Pool(4) + close + join
 f returns its argument.  The pool is warmed up (one small map) first.
-MAPN = APPLYN = 0: only py_pool_start.
+MAPN = APPLYN = 0: only py_pool_start.  MAXN > 0: only
+  py_pool_maxtasks: tasks/s of pool.map(f, range(MAXN), chunksize=1) on a
+    fresh Pool(4, maxtasksperchild=1)
 """
 import json
 import multiprocessing as mp
@@ -39,8 +44,26 @@ def rate(ctx, reps, n, body):
 def main():
     method, reps = sys.argv[1], int(sys.argv[2])
     mapn, applyn = int(sys.argv[3]), int(sys.argv[4])
+    maxn = int(sys.argv[5]) if len(sys.argv) > 5 else 0
     ctx = mp.get_context(method)
+    if maxn > 0:
+        samples = []
+        for _ in range(reps):
+            with ctx.Pool(4, maxtasksperchild=1) as pool:
+                t0 = time.perf_counter()
+                assert pool.map(f, range(maxn), chunksize=1)[-1] == maxn - 1
+                samples.append(maxn / (time.perf_counter() - t0))
+        emit("py_pool_maxtasks", method, samples)
+        return
     data = list(range(mapn))
+    stars = [(i,) for i in range(mapn)]
+    cs = (mapn + 15) // 16
+
+    def unord(pool):
+        assert sum(1 for _ in pool.imap_unordered(f, data, cs)) == mapn
+
+    def starmap(pool):
+        assert pool.starmap(f, stars)[-1] == mapn - 1
 
     def map1(pool):
         assert pool.map(f, data, chunksize=1)[-1] == mapn - 1
@@ -56,6 +79,8 @@ def main():
     if mapn > 0:
         emit("py_pool_map1", method, rate(ctx, reps, mapn, map1))
         emit("py_pool_mapdef", method, rate(ctx, reps, mapn, mapdef))
+        emit("py_pool_unord", method, rate(ctx, reps, mapn, unord))
+        emit("py_pool_starmap", method, rate(ctx, reps, mapn, starmap))
         emit("py_pool_apply", method, rate(ctx, reps, applyn, apply))
     warm = ctx.Pool(2)
     warm.close()

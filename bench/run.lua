@@ -347,11 +347,26 @@ end
 -- pool start+close+join against start_processes of 4 with the same method.
 local PMAP, PAPPLY = QUICK and 20000 or 100000, QUICK and 5000 or 20000
 for _ = 1, QUICK and 1 or 2 do
-  lua({ "lua_pool_map1/fork", "lua_pool_mapdef/fork", "lua_pool_apply/fork",
-        "lua_pool_start/fork" }, "lua_pool.lua",
-      string.format("fork %d %d %d", reps(5), PMAP, PAPPLY), 180)
-  py({ "py_pool_map1/fork", "py_pool_mapdef/fork", "py_pool_apply/fork", "py_pool_start/fork" },
-     "py_pool.py", string.format("fork %d %d %d", reps(3), PMAP, PAPPLY), 240)
+  lua({ "lua_pool_map1/fork", "lua_pool_mapdef/fork", "lua_pool_unord/fork", "lua_pool_starmap/fork",
+        "lua_pool_apply/fork", "lua_pool_start/fork" }, "lua_pool.lua",
+      string.format("fork %d %d %d", reps(5), PMAP, PAPPLY), 240)
+  py({ "py_pool_map1/fork", "py_pool_mapdef/fork", "py_pool_unord/fork", "py_pool_starmap/fork",
+       "py_pool_apply/fork", "py_pool_start/fork" },
+     "py_pool.py", string.format("fork %d %d %d", reps(3), PMAP, PAPPLY), 300)
+end
+-- issue 20 item 8: a worker replaced after every task; tasks per second,
+-- so Python's row, which takes ~0.2 s a task on this VM, runs a tenth
+local PMAXT = QUICK and 100 or 2000
+lua({ "lua_pool_maxtasks/fork" }, "lua_pool.lua", string.format("fork 1 0 0 %d", PMAXT), 300)
+py({ "py_pool_maxtasks/fork" }, "py_pool.py", string.format("fork 1 0 0 %d", PMAXT // 10), 300)
+
+-- Issue 17: the codec alone, against pickle and memcpy of the same bytes.
+for _ = 1, QUICK and 1 or 2 do
+  lua({ "lua_codec/ints", "lua_codec/floats", "lua_codec/strings", "lua_codec/nested",
+        "floor_memcpy/ints", "floor_memcpy/floats", "floor_memcpy/strings", "floor_memcpy/nested" },
+      "lua_codec.lua", tostring(reps(5)), 180)
+  py({ "py_codec/ints", "py_codec/floats", "py_codec/strings", "py_codec/nested" },
+     "py_codec.py", tostring(reps(5)), 240)
 end
 for _, m in ipairs { "spawn", "forkserver" } do
   lua({ "lua_pool_start/" .. m }, "lua_pool.lua", string.format("%s %d 0 0", m, reps(5)), 120)
@@ -572,12 +587,24 @@ do
   row(rows, { name = string.format("lua map, %d tasks, default chunking", PMAP),
               key = "lua_pool_mapdef/fork", unit = "tasks/s", rate = true,
               py = "py_pool_mapdef/fork" })
+  row(rows, { name = string.format("lua imap_unordered, %d tasks, chunksize %d", PMAP, (PMAP + 15) // 16),
+              key = "lua_pool_unord/fork", unit = "tasks/s", rate = true, py = "py_pool_unord/fork" })
+  row(rows, { name = string.format("lua starmap, %d tasks, default chunking", PMAP),
+              key = "lua_pool_starmap/fork", unit = "tasks/s", rate = true, py = "py_pool_starmap/fork" })
+  row(rows, { name = string.format("lua map, %d tasks, maxtasksperchild = 1", PMAXT),
+              key = "lua_pool_maxtasks/fork", unit = "tasks/s", rate = true, py = "py_pool_maxtasks/fork" })
   row(rows, { name = "python map, chunksize 1", key = "py_pool_map1/fork", unit = "tasks/s",
               rate = true })
   row(rows, { name = "python apply_async+get", key = "py_pool_apply/fork", unit = "tasks/s",
               rate = true })
   row(rows, { name = "python map, default chunking", key = "py_pool_mapdef/fork", unit = "tasks/s",
               rate = true })
+  row(rows, { name = "python imap_unordered, same chunksize", key = "py_pool_unord/fork", unit = "tasks/s",
+              rate = true })
+  row(rows, { name = "python starmap, default chunking", key = "py_pool_starmap/fork", unit = "tasks/s",
+              rate = true })
+  row(rows, { name = string.format("python map, %d tasks, maxtasksperchild = 1", PMAXT // 10),
+              key = "py_pool_maxtasks/fork", unit = "tasks/s", rate = true })
   tabulate(HEAD, rows)
   -- the floor: a task through a pool that sent one message each way per
   -- task could not beat one Queue round trip
@@ -601,7 +628,12 @@ do
   end
   print("    vs Python: map chunksize 1 " .. verdict(ratio("lua_pool_map1/fork", "py_pool_map1/fork"), 10)
         .. "; apply_async " .. verdict(ratio("lua_pool_apply/fork", "py_pool_apply/fork"), 10)
-        .. "; map default chunking " .. verdict(ratio("lua_pool_mapdef/fork", "py_pool_mapdef/fork"), 1))
+        .. "; map default chunking " .. verdict(ratio("lua_pool_mapdef/fork", "py_pool_mapdef/fork"), 2))
+  local mt = med("lua_pool_maxtasks/fork")
+  if mt then
+    print(string.format("    maxtasksperchild = 1: %s ms a task with its worker's replacement (python %s ms)",
+      fmtnum(1e3 / mt), med("py_pool_maxtasks/fork") and fmtnum(1e3 / med("py_pool_maxtasks/fork")) or "-"))
+  end
 
   rows = {}
   print("")
@@ -615,6 +647,32 @@ do
                 floor = "lua_start/" .. m .. "/4" })
   end
   tabulate(HEAD, rows)
+end
+
+section("Issue 17: the codec, encode + decode, against pickle (protocol 5) and memcpy of the same bytes")
+do
+  local KINDS = { { "ints", "10^6 integers" }, { "floats", "10^6 floats" },
+                  { "strings", "10^5 short strings" }, { "nested", "10^4 records {id, name, score, tags = {2}}" } }
+  local rows = {}
+  print("ns per element (per record for nested); x floor: against one memcpy of our encoding's bytes")
+  for _, k in ipairs(KINDS) do
+    local kind = k[1]
+    row(rows, { name = "memcpy of the encoding, " .. k[2] .. " (floor)", key = "floor_memcpy/" .. kind,
+                unit = "ns", is_floor = true })
+    row(rows, { name = "lua core.encode + core.decode, " .. k[2], key = "lua_codec/" .. kind, unit = "ns",
+                floor = "floor_memcpy/" .. kind, py = "py_codec/" .. kind })
+    row(rows, { name = "python pickle.dumps + loads, " .. k[2], key = "py_codec/" .. kind, unit = "ns",
+                floor = "floor_memcpy/" .. kind })
+  end
+  tabulate(HEAD, rows)
+  for _, k in ipairs(KINDS) do
+    local l, p = results["lua_codec/" .. k[1]], results["py_codec/" .. k[1]]
+    if l then
+      print(string.format("    %-8s lua encode %s + decode %s ns, %s bytes; python dumps %s + loads %s ns, %s bytes",
+        k[1], fmtnum(median(l.enc)), fmtnum(median(l.dec)), fmtnum(l.bytes),
+        p and fmtnum(median(p.enc)) or "-", p and fmtnum(median(p.dec)) or "-", p and fmtnum(p.bytes) or "-"))
+    end
+  end
 end
 
 section("Issue 9: an engine's 60 Hz frame loop (examples/frame_host) during start, polls and a failure")

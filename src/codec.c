@@ -1626,8 +1626,8 @@ static int l_chunk (lua_State *L) {
 ** at once instead of growing through every power of two. */
 static int l_table (lua_State *L) {
   lua_Integer narr = luaL_checkinteger(L, 1);
-  luaL_argcheck(L, narr >= 0 && narr <= INT_MAX, 1, "out of range");
-  lua_createtable(L, (int)narr, 1);
+  luaL_argcheck(L, narr >= 0, 1, "must not be negative");
+  lua_createtable(L, narr < INT_MAX ? (int)narr : INT_MAX, 1);
   lua_pushvalue(L, 2);
   lua_setfield(L, -2, "n");
   return 1;

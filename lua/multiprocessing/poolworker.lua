@@ -60,8 +60,15 @@ end
 
 -- Posts results; a value that cannot cross becomes that item's error.
 local TO_PARENT = "to the pool's parent"
+local chunk = core._chunk
+-- 'out' as it crosses: its results are only indexed, not walked (codec.c);
+-- the head holds every field of 'out' but the results
+local function view(out)
+  return chunk({ out[1], out[2], out[3], e = out.e, d = out.d, last = out.last },
+               out, 4, out[3] - out[2] + 1)
+end
 local function post(results, out)
-  local ok, err = pcall(results.put, results, out)
+  local ok, err = pcall(results.put, results, view(out))
   if ok then return end
   local k0 = out[2]
   out.e = out.e or {}
@@ -79,7 +86,7 @@ local function post(results, out)
       e[2] = nil
     end
   end
-  ok = pcall(results.put, results, out)
+  ok = pcall(results.put, results, view(out))
   if not ok then error(err, 0) end
 end
 
