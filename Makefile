@@ -63,7 +63,7 @@ else
 BUILD      = build
 endif
 
-CORE_SRC = src/core.c src/args.c src/context.c src/join.c src/exception.c src/reports.c \
+CORE_SRC = src/core.c src/args.c src/context.c src/join.c src/proc.c src/exception.c src/reports.c \
            src/worker.c src/start_fork.c src/start_spawn.c src/signames.c \
            src/codec.c src/fdpass.c src/shm.c src/ledger.c src/array.c \
            src/channel.c src/sync.c src/wait.c src/nested.c src/payload.c src/launch.c \
@@ -75,7 +75,8 @@ CORE_SO  = $(BUILD)/multiprocessing/core.so
 WORKER   = $(BUILD)/multiprocessing/worker
 # mprun's C, a module of its own beside the core (it uses the core's public
 # faces only): the relay, rank stdio, log files, the signalfd.
-LAUNCHER_SRC = src/launcher/launcher.c src/launcher/relay.c src/launcher/rank.c
+LAUNCHER_SRC = src/launcher/launcher.c src/launcher/relay.c src/launcher/rank.c \
+               src/proc.c
 LAUNCHER_OBJ = $(LAUNCHER_SRC:src/%.c=$(BUILD)/obj/%.o)
 LAUNCHER_SO  = $(BUILD)/multiprocessing/launcher.so
 
@@ -86,7 +87,7 @@ $(BUILD)/obj/%.o: src/%.c src/*.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
 
-$(BUILD)/obj/launcher/%.o: src/launcher/%.c src/launcher/*.h
+$(BUILD)/obj/launcher/%.o: src/launcher/%.c src/launcher/*.h src/proc.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
 

@@ -679,3 +679,324 @@ for _, method in ipairs(H.methods) do
     end)
   end)
 end
+
+-- Issue 16, item 1: one supervision engine.  ctx:terminate([grace]) never
+-- waits, ctx:poll() reports each worker that ended (and moves a terminate
+-- on), ctx:restart(rank) starts a worker again in its slot; fileno() wakes
+-- an event loop for the SIGKILL step.  No timed asserts: the engine sends
+-- SIGKILL only from a poll or a join, so what runs before one is certain.
+local raw_dir = os.tmpname()
+local raw_so = raw_dir .. ".d/raw.so"
+local raw
+setup(function()
+  os.execute("mkdir -p " .. raw_dir .. ".d")
+  local out = H.sh(("cc -std=c99 -D_GNU_SOURCE -shared -fPIC -o %s spec/host/raw.c "
+                    .. "$(pkg-config --cflags lua5.4) 2>&1"):format(raw_so))
+  assert(out == "", out)
+  raw = assert(package.loadlib(raw_so, "luaopen_raw"))()
+end)
+teardown(function()
+  os.remove(raw_so)
+  os.remove(raw_dir .. ".d")
+  os.remove(raw_dir)
+end)
+
+for _, method in ipairs(H.methods) do
+  describe("supervision engine, " .. method .. ":", function()
+    H.leak_check(before_each, after_each)
+
+    local function start(fn, args, n)
+      return mp.start_processes(fn, args, n, false, false, method)
+    end
+
+    --- Workers that ignore SIGTERM: only the SIGKILL step ends them.
+    local function stubborn(n)
+      local ready <close> = mp.Queue()
+      local ctx = start(function(_, so, q)
+        assert(package.loadlib(so, "luaopen_raw"))().ignore_term()
+        q:put("ready")
+        local e = mp.Event()
+        while true do e:wait(60) end
+      end, { raw_so, ready }, n)
+      for _ = 1, n do assert.are.equal("ready", ready:get(60)) end
+      return ctx
+    end
+
+    --- Polls until 'n' events have come (each wake of fileno() first);
+    -- returns them by rank, and how many wakes it took.
+    local function events(ctx, n)
+      local got, count, wakes = {}, 0, 0
+      local fd = ctx:fileno()
+      while count < n do
+        assert(raw.poll(fd, 60000), "fileno() never woke")
+        wakes = wakes + 1
+        for _, ev in ipairs((ctx:poll())) do
+          assert.is_nil(got[ev.rank], "one event per worker")
+          got[ev.rank] = ev
+          count = count + 1
+        end
+      end
+      return got, wakes
+    end
+
+    it("terminate() of 8 workers that ignore SIGTERM returns at once; fileno() wakes for the SIGKILL", function()
+      local ctx = stubborn(8)
+      local pids = ctx:pids()
+      ctx:terminate(600)
+      for _, pid in ipairs(pids) do assert.is_true(H.alive(pid)) end
+      local evs, due = ctx:poll()
+      assert.are.same({}, evs)
+      assert.is_true(due > 1 and due <= 600, tostring(due))
+      ctx:terminate(1000)                       -- a longer grace changes nothing
+      assert.is_true(select(2, ctx:poll()) <= 600)
+      ctx:terminate(0.2)                        -- a shorter one brings SIGKILL forward
+      due = select(2, ctx:poll())
+      assert.is_true(due == nil or due <= 0.2, tostring(due))
+      local got, wakes = events(ctx, 8)
+      for rank = 0, 7 do
+        local ev = got[rank]
+        assert.are.equal(pids[rank + 1], ev.pid)
+        assert.are.equal(-9, ev.exitcode)
+        assert.are.equal("SIGKILL", ev.signal)
+        assert.is_true(ev.terminated)
+      end
+      assert.is_true(wakes < 40, "woken " .. wakes .. " times")
+      assert.are.same({ {}, nil }, { ctx:poll() })
+      assert.is_true(ctx:join())                -- ended by terminate: no failure
+      ctx:close()
+    end)
+
+    it("terminate(0) kills at once; terminate after the end changes nothing", function()
+      local ctx = stubborn(3)
+      ctx:terminate(0)
+      assert.is_true(ctx:join(60))
+      for _, p in ipairs(ctx.processes) do assert.are.equal(-9, p.exitcode) end
+      ctx:terminate()
+      ctx:terminate(0)
+      ctx:close()
+      ctx:terminate()
+    end)
+
+    it("poll() reports how each worker ended, once, and never raises", function()
+      local ctx = start(function(i)
+        if i == 1 then os.exit(3) end
+        if i == 2 then os.execute("kill -KILL $PPID; sleep 30") end
+        if i == 3 then error("boom") end
+        return i
+      end, {}, 4)
+      local now = require("multiprocessing.core")._now
+      local before = now()
+      local got = events(ctx, 4)
+      assert.are.same({ 0, 3, -9, 1 }, { got[0].exitcode, got[1].exitcode, got[2].exitcode, got[3].exitcode })
+      assert.are.equal("SIGKILL", got[2].signal)
+      assert.is_nil(got[0].signal)
+      assert.is_nil(got[1].signal)
+      for rank = 0, 3 do
+        assert.is_false(got[rank].terminated)
+        assert.are.equal(ctx:pids()[rank + 1], got[rank].pid)
+        assert.is_true(got[rank].at <= now())
+        assert.is_true(got[rank].at + 600 > before)
+      end
+      assert.are.same({ {}, nil }, { ctx:poll() })
+      -- join still applies its policy to what failed on its own
+      local ok, e = pcall(ctx.join, ctx)
+      assert.is_false(ok)
+      assert.are.equal(1, e.error_index)
+      assert.are.equal(3, e.exit_code)
+      ctx:close()
+    end)
+
+    it("a context driven by poll() starts no teardown of its own", function()
+      local go <close> = mp.Queue()
+      local ctx = start(function(i, q)
+        if i == 0 then error("first") end
+        return q:get(60)
+      end, { go }, 2)
+      local got = events(ctx, 1)
+      assert.are.equal(1, got[0].exitcode)
+      assert.is_nil(select(2, ctx:poll()))     -- no step is due
+      assert.is_true(ctx.processes[2]:is_alive())
+      go:put("done")
+      got = events(ctx, 1)
+      assert.are.equal(0, got[1].exitcode)
+      assert.is_false(got[1].terminated)
+      assert.is_false(pcall(ctx.join, ctx))     -- rank 0 failed on its own
+      ctx:close()
+    end)
+
+    it("restart(rank) runs the same fn and args again in that slot", function()
+      local seen <close> = mp.Queue()
+      local ctx = start(function(i, q, word)
+        q:put({ i, mp.current_process().pid })
+        if i == 1 then error(word) end
+        return word .. i
+      end, { seen, "w" }, 2)
+      local got = events(ctx, 2)
+      local old = got[1].pid
+      assert.are.equal(1, got[1].exitcode)
+      local pid = assert(ctx:restart(1))
+      assert.are_not.equal(old, pid)
+      assert.are.equal(pid, ctx:pids()[2])
+      assert.is_true(ctx.processes[2].pid == pid)
+      got = events(ctx, 1)
+      assert.are.equal(pid, got[1].pid)
+      local ranks = {}
+      for _ = 1, 3 do
+        local r = seen:get(60)
+        ranks[#ranks + 1] = r[1]
+      end
+      table.sort(ranks)
+      assert.are.same({ 0, 1, 1 }, ranks)
+      -- it failed again: the new failure is the one join raises
+      local ok, e = pcall(ctx.join, ctx)
+      assert.is_false(ok)
+      assert.are.equal(pid, e.pid)
+      assert.matches("w", e.msg)
+      ctx:close()
+    end)
+
+    it("restart(rank) clears the old result; join gives the new worker's", function()
+      local jobs <close> = mp.Queue()
+      local ctx = start(function(i, qq)
+        local n = qq:get(60)
+        if n == "fail" then os.exit(5) end
+        return n .. i
+      end, { jobs }, 1)
+      jobs:put("fail")
+      assert.are.equal(5, events(ctx, 1)[0].exitcode)
+      jobs:put("ok")
+      assert(ctx:restart(0))
+      assert.is_true(ctx:join(60))
+      assert.are.same({ "ok0", n = 1 }, ctx:results())
+      ctx:close()
+    end)
+
+    it("a context of one worker restarts again and again, its descriptors made anew", function()
+      local seen <close> = mp.Queue()
+      local ctx = start(function(_, q, n) q:put(n) return n end, { seen, 7 }, 1)
+      for round = 1, 3 do
+        assert.are.equal(7, seen:get(60))
+        local got = events(ctx, 1)
+        assert.are.equal(0, got[0].exitcode, "round " .. round)
+        if round < 3 then assert(ctx:restart(0)) end
+      end
+      assert.is_true(ctx:join(60))
+      assert.are.same({ 7, n = 1 }, ctx:results())
+      ctx:close()
+    end)
+
+    it("restart refuses a running worker, an untold end, a bad rank, a closed context", function()
+      local go <close> = mp.Queue()
+      local ctx = start(function(_, q) return q:get(60) end, { go }, 2)
+      assert.matches("ProcessContext.restart: process 0 has not ended",
+                     select(2, pcall(ctx.restart, ctx, 0)))
+      assert.matches("bad argument #1 to 'ProcessContext.restart'.*rank from 0 to 1",
+                     select(2, pcall(ctx.restart, ctx, 2)))
+      go:put(1)
+      go:put(2)
+      assert.is_true(H.eventually(function() return not ctx.processes[1]:is_alive() end, 60))
+      assert.matches("has not ended, or poll%(%) has not reported",
+                     select(2, pcall(ctx.restart, ctx, 0)))
+      assert.is_true(ctx:join(60))
+      assert.matches("the context is closed", select(2, pcall(ctx.restart, ctx, 0)))
+      ctx:close()
+    end)
+
+    it("restart during a terminate is refused", function()
+      local ctx = start(function(i) if i == 0 then return end os.execute("sleep 30") end, {}, 2)
+      events(ctx, 1)
+      ctx:terminate(0)
+      assert.matches("being terminated", select(2, pcall(ctx.restart, ctx, 0)))
+      assert.is_true(ctx:join(60))
+      ctx:close()
+    end)
+
+    if method ~= "fork" then
+      it("restart returns nil and a message when the start fails", function()
+        local exe = mp.get_executable()
+        local ctx = start(function() end, {}, 2)
+        events(ctx, 2)
+        mp.set_executable("/bin/true")         -- runs, but not the protocol
+        local ok, pid, msg = pcall(ctx.restart, ctx, 1)
+        mp.set_executable(exe)
+        assert.is_true(ok, pid)
+        assert.is_nil(pid)
+        assert.matches("cannot restart process 1 with start method \"" .. method .. "\"", msg)
+        assert.are.same({}, (ctx:poll()))      -- it ended as before, told already
+        local again = assert(ctx:restart(1))  -- and may be tried again
+        assert.are.equal(again, events(ctx, 1)[1].pid)
+        assert.is_true(ctx:join(60))
+        ctx:close()
+      end)
+    end
+  end)
+end
+
+-- Issue 16, item 4: one source of truth.  The start methods are one list in
+-- C; an exception carries what a caller needs as fields (e.kind,
+-- e.traceback, e.message), so no Lua code reads another layer's prose.
+describe("one source of truth", function()
+  H.leak_check(before_each, after_each)
+
+  it("get_all_start_methods is the list start_processes and set_start_method check", function()
+    assert.are.same({ "fork", "spawn", "forkserver" }, mp.get_all_start_methods())
+    local t = mp.get_all_start_methods()
+    t[1] = "changed"                           -- a fresh table each time
+    assert.are.equal("fork", mp.get_all_start_methods()[1])
+    local _, err = pcall(mp.set_start_method, "threads")
+    assert.matches("unknown start method 'threads'; expected \"fork\", \"spawn\" or \"forkserver\"", err)
+    _, err = pcall(mp.start_processes, function() end, {}, 1, true, false, "threads")
+    assert.matches("unknown start method 'threads' %(expected \"fork\", \"spawn\" or \"forkserver\"%)", err)
+    local before = mp.get_start_method()
+    for _, m in ipairs(mp.get_all_start_methods()) do
+      mp.set_start_method(m)
+      assert.are.equal(m, mp.get_start_method())
+    end
+    mp.set_start_method(before)
+  end)
+
+  for _, method in ipairs(H.methods) do
+    it("an exception says its kind, the worker's traceback and its own message apart, " .. method, function()
+      local ok, e = pcall(mp.start_processes, function()
+        error("boom\nsecond line", 0)
+      end, {}, 1, true, false, method)
+      assert.is_false(ok)
+      assert.are.equal("raised", e.kind)
+      assert.are.equal("boom\nsecond line", e.message)
+      assert.matches("^stack traceback:\n", e.traceback)
+      assert.is_nil(e.traceback:find("boom", 1, true))
+      assert.truthy(e.msg:find(e.traceback .. "\n" .. e.message, 1, true))
+      ok, e = pcall(mp.start_processes, function() error({ code = 7 }) end, {}, 1, true, false, method)
+      assert.is_false(ok)
+      assert.are.equal("raised", e.kind)
+      assert.are.equal(7, e.value.code)
+      assert.matches("^%(error object is a table value%)$", e.message)
+      ok, e = pcall(mp.start_processes, function() os.exit(4) end, {}, 1, true, false, method)
+      assert.is_false(ok)
+      assert.are.equal("exited", e.kind)
+      assert.is_nil(e.traceback)
+      assert.is_nil(e.message)
+    end)
+  end
+end)
+
+-- Issue 20, item 7: fileno() after close() raises, as Queue:fileno() does,
+-- instead of opening an epoll and a timerfd held until collection; after a
+-- join that settled the context it still answers (readable for good).
+for _, method in ipairs(H.methods) do
+  describe("fileno after close, " .. method .. ":", function()
+    H.leak_check(before_each, after_each)
+
+    it("raises after close(), answers after a settled join", function()
+      local ctx = mp.start_processes(function() end, {}, 1, false, false, method)
+      assert.is_true(ctx:join(60))
+      local fd = ctx:fileno()
+      assert.is_true(raw.poll(fd, 0))
+      ctx:close()
+      assert.matches("ProcessContext.fileno: the context is closed", select(2, pcall(ctx.fileno, ctx)))
+      ctx = mp.start_processes(function() os.execute("sleep 30") end, {}, 1, false, false, method)
+      ctx:close()
+      assert.matches("ProcessContext.fileno: the context is closed", select(2, pcall(ctx.fileno, ctx)))
+    end)
+  end)
+end

@@ -41,14 +41,41 @@ static const mp_StartMethod *const methods[] = {
   &mp_start_fork, &mp_start_spawn, &mp_start_forkserver, NULL
 };
 
+/* Pushes '"fork", "spawn" or "forkserver"': the one list, for messages. */
+static void push_method_names(lua_State *L) {
+  luaL_Buffer b;
+  int i;
+  luaL_buffinit(L, &b);
+  for (i = 0; methods[i] != NULL; i++) {
+    if (i > 0) luaL_addstring(&b, methods[i + 1] != NULL ? ", " : " or ");
+    luaL_addchar(&b, '"');
+    luaL_addstring(&b, methods[i]->name);
+    luaL_addchar(&b, '"');
+  }
+  luaL_pushresult(&b);
+}
+
 static const mp_StartMethod *check_method(lua_State *L, int arg) {
   const char *name = lua_isnoneornil(L, arg) ? "spawn" : luaL_checkstring(L, arg);
   int i;
   for (i = 0; methods[i] != NULL; i++)
     if (strcmp(methods[i]->name, name) == 0) return methods[i];
+  push_method_names(L);
   mp_argerror(L, arg, lua_pushfstring(L, "unknown start method '%s' "
-      "(expected \"fork\", \"spawn\" or \"forkserver\")", name));
+      "(expected %s)", name, lua_tostring(L, -1)));
   return NULL;
+}
+
+/* get_all_start_methods() -> {"fork", "spawn", "forkserver"}: the list
+** every Lua module and message reads. */
+static int l_get_all_start_methods(lua_State *L) {
+  int i;
+  lua_createtable(L, 3, 0);
+  for (i = 0; methods[i] != NULL; i++) {
+    lua_pushstring(L, methods[i]->name);
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
 }
 
 static int check_flag(lua_State *L, int arg, int def) {
@@ -94,23 +121,6 @@ mp_Context *mp_checkcontext(lua_State *L, int idx) {
   return mp_checkudata(L, idx, MP_CONTEXT_T);
 }
 
-static void close_lifeline(mp_Context *ctx, int end) {
-  if (ctx->lifeline[end] >= 0) close(ctx->lifeline[end]);
-  ctx->lifeline[end] = -1;
-}
-
-void mp_context_finish(lua_State *L, mp_Context *ctx) {
-  if (getpid() == ctx->owner) {
-    mp_reports_discard(L, &ctx->reports, ctx->started);
-    mp_reports_settle(L, &ctx->reports, ctx->started);
-  }
-  mp_watch_finish(ctx);
-  mp_reports_close(&ctx->reports);
-  close_lifeline(ctx, 0);
-  close_lifeline(ctx, 1);
-  ctx->closed = 1;
-}
-
 /* A forked worker inherits its parent's contexts: there, closing one
 ** drops this process's copies of the descriptors and signals nobody. */
 void mp_context_close(lua_State *L, mp_Context *ctx, double grace) {
@@ -153,6 +163,8 @@ static mp_Context *new_context(lua_State *L, const mp_StartMethod *method,
   ctx->closed = 1;  /* nothing to clean until the report file exists */
   ctx->owner = getpid();
   ctx->method = method;
+  ctx->first = 0;
+  ctx->last = nprocs;
   ctx->reports.fd = ctx->reports.sock = ctx->reports.peer = -1;
   ctx->watch = ctx->timer = -1;
   ctx->lifeline[0] = ctx->lifeline[1] = -1;
@@ -204,6 +216,59 @@ static void remember_context(lua_State *L, int ctxidx) {
   mp_stack_check(L, top, 0);
 }
 
+/* A context of several workers keeps what a restarted worker gets (the
+** workers' end of the reports' socket, the read end of the lifeline, the
+** payload) until it ends.  One of a single worker (each of mprun's ranks)
+** sheds them once its worker runs: descriptors count there, and no other
+** worker holds the old ones when a restart makes them again (renew). */
+static void shed(lua_State *L, mp_Context *ctx, int ctxidx) {
+  mp_Payload *p;
+  if (ctx->nprocs > 1) return;
+  mp_reports_shed(&ctx->reports);
+  if (ctx->lifeline[0] >= 0) close(ctx->lifeline[0]);
+  ctx->lifeline[0] = -1;
+  p = mp_payload_get(L, ctxidx);                    /* holder */
+  if (p != NULL) mp_payload_close(p);
+  lua_pop(L, 1);                                    /* */
+}
+
+/* Before a restart: makes again what shed closed.  0, or an errno with a
+** message pushed.  fn at 'fn', args at 'args'. */
+static int renew(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
+                 int args) {
+  int err, fresh[2];
+  mp_Payload *p;
+  if (ctx->lifeline[0] < 0) {  /* nobody holds the old pipe's read end */
+    if ((err = mp_lifeline_create(fresh)) != 0)
+      return mp_push_errno(L, "cannot create the worker's lifeline", err);
+    close(ctx->lifeline[1]);
+    ctx->lifeline[0] = fresh[0];
+    ctx->lifeline[1] = fresh[1];
+  }
+  if (ctx->reports.peer < 0) {
+    mp_watch_unsock(ctx);
+    if ((err = mp_reports_renew(&ctx->reports)) != 0)
+      return mp_push_errno(L, "cannot create the reports' socket", err);
+  }
+  if (ctx->method == &mp_start_fork) return 0;
+  p = mp_payload_get(L, ctxidx);                    /* holder */
+  lua_pop(L, 1);                                    /* */
+  if (p != NULL) return 0;
+  mp_payload_drop(L, ctxidx);
+  return mp_payload_make(L, ctxidx, fn, args, ctx->daemon);
+}
+
+/* fn (at 1) and args (at 2) stay in the context's uservalue for restart,
+** until it ends (mp_payload_release). */
+static void keep_start(lua_State *L, int ctxidx) {
+  lua_getiuservalue(L, ctxidx, 1);                  /* uv */
+  lua_pushvalue(L, 1);
+  lua_setfield(L, -2, "fn");
+  lua_pushvalue(L, 2);
+  lua_setfield(L, -2, "args");
+  lua_pop(L, 1);                                    /* */
+}
+
 /* fn at 1, args at 2: starts the workers and joins them when asked. */
 static int start(lua_State *L, const mp_StartMethod *method, int nprocs,
                  int join, int daemon) {
@@ -220,6 +285,12 @@ static int start(lua_State *L, const mp_StartMethod *method, int nprocs,
     return luaL_error(L, "cannot create the workers' lifeline: %s",
                       strerror(err));
   }
+  keep_start(L, ctxidx);
+  if (method != &mp_start_fork && mp_payload_make(L, ctxidx, 1, 2, daemon)) {
+    mp_context_close(L, ctx, 0);  /* nothing started */
+    mp_payload_release(L, ctxidx);
+    return lua_error(L);          /* the codec's own message, as is */
+  }
   if (method->start(L, ctx, ctxidx, 1, 2) != 0) {
     int started = ctx->started;
     mp_context_close(L, ctx, 0);
@@ -228,13 +299,12 @@ static int start(lua_State *L, const mp_StartMethod *method, int nprocs,
                          "(%d started, now terminated): %s", nprocs,
                       method->name, started, lua_tostring(L, -1));
   }
-  mp_reports_started(&ctx->reports);  /* the workers hold their end */
-  close_lifeline(ctx, 0);             /* and theirs of the lifeline */
+  shed(L, ctx, ctxidx);
   mp_sharing_handed(L, 1, ctx->workers, ctx->started);  /* sharing.h */
   mp_sharing_handed(L, 2, ctx->workers, ctx->started);
   lua_settop(L, ctxidx);
   if (!join) return 1;
-  mp_join(L, ctxidx, -1, MP_DEFAULT_GRACE, 0);
+  mp_join(L, ctx, ctxidx, -1, MP_DEFAULT_GRACE, 0);
   lua_getiuservalue(L, ctxidx, 1);
   lua_getfield(L, -1, "results");
   return 1;
@@ -299,11 +369,88 @@ static int l_spawn(lua_State *L) {
 
 static int ctx_join(lua_State *L) {
   double timeout, grace;
-  check_owned(L, mp_checkcontext(L, 1));
+  mp_Context *ctx = check_owned(L, mp_checkcontext(L, 1));
   timeout = mp_opttimeout(L, 2);
   grace = check_seconds(L, 3, "grace_period", MP_DEFAULT_GRACE);
-  lua_pushboolean(L, mp_join(L, 1, timeout, grace, !lua_isnoneornil(L, 3)));
+  lua_pushboolean(L, mp_join(L, ctx, 1, timeout, grace,
+                             !lua_isnoneornil(L, 3)));
   return 1;
+}
+
+/* terminate([grace]): see mp_terminate; returns at once. */
+static int ctx_terminate(lua_State *L) {
+  mp_Context *ctx = check_owned(L, mp_checkcontext(L, 1));
+  mp_terminate(ctx, check_seconds(L, 2, "grace", MP_DEFAULT_GRACE));
+  return 0;
+}
+
+/* poll() -> events, due: see mp_poll. */
+static int ctx_poll(lua_State *L) {
+  return mp_poll(L, check_owned(L, mp_checkcontext(L, 1)));
+}
+
+/* The worker 'rank' may start again: it ended, poll() told, and no ending
+** is under way. */
+static mp_Worker *check_restart(lua_State *L, mp_Context *ctx, int arg) {
+  lua_Integer rank = mp_checkinteger(L, arg);
+  mp_Worker *w;
+  if (rank < 0 || rank >= ctx->nprocs)
+    mp_argerror(L, arg, lua_pushfstring(L, "rank from 0 to %d expected, "
+                                           "got %I", ctx->nprocs - 1, rank));
+  w = &ctx->workers[rank];
+  if (ctx->closed || ctx->ending != MP_END_NONE)
+    luaL_error(L, "ProcessContext.restart: the context is %s",
+               ctx->closed ? "closed" : "being terminated");
+  if (w->pid <= 0 || w->state != MP_EXITED || !w->polled)
+    luaL_error(L, "ProcessContext.restart: process %d has not ended, or "
+                  "poll() has not reported its end yet", (int)rank);
+  return w;
+}
+
+/* restart(rank) -> pid, or nil, message: a fresh worker in the slot of one
+** that ended, with the same fn, args and start method. */
+static int ctx_restart(lua_State *L) {
+  mp_Context *ctx = check_owned(L, mp_checkcontext(L, 1));
+  mp_Worker *w = check_restart(L, ctx, 2), old = *w;
+  int rank = (int)(w - ctx->workers), err;
+  lua_settop(L, 1);
+  lua_getiuservalue(L, 1, 1);                       /* ctx uv */
+  lua_getfield(L, 2, "fn");                         /* ctx uv fn */
+  lua_getfield(L, 2, "args");                       /* ctx uv fn args */
+  if ((err = renew(L, ctx, 1, 3, 4)) != 0) {        /* ... msg */
+    lua_pushnil(L);
+    lua_insert(L, -2);                              /* ... nil msg */
+    return 2;
+  }
+  mp_reports_clear(L, &ctx->reports, rank);
+  memset(w, 0, sizeof *w);
+  w->ctx = ctx;
+  w->pidfd = -1;
+  w->state = MP_RUNNING;
+  ctx->first = rank;
+  ctx->last = rank + 1;
+  err = ctx->method->start(L, ctx, 1, 3, 4);        /* ... [msg] */
+  ctx->first = 0;
+  ctx->last = ctx->nprocs;
+  if (err == 0 && ctx->nprocs == 1) shed(L, ctx, 1);
+  if (err == 0 && w->pid > 0 && w->state == MP_RUNNING) {
+    mp_sharing_handed(L, 3, w, 1);  /* sharing.h */
+    mp_sharing_handed(L, 4, w, 1);
+    mp_watch_worker(w);
+    lua_pushinteger(L, w->pid);
+    return 1;
+  }
+  if (w->pid > 0 && w->state == MP_RUNNING) {  /* started, then failed */
+    mp_discard(w);
+    if (w->pidfd >= 0) close(w->pidfd);
+    mp_reports_clear(L, &ctx->reports, rank);
+  }
+  *w = old;  /* ended as before: a later restart may try again */
+  lua_pushnil(L);
+  lua_pushfstring(L, "cannot restart process %d with start method \"%s\": "
+                     "%s", rank, ctx->method->name,
+                  err != 0 ? lua_tostring(L, -2) : "it did not start");
+  return 2;
 }
 
 static int ctx_pids(lua_State *L) {
@@ -340,6 +487,7 @@ static int end_context(lua_State *L, double grace) {
   mp_Context *ctx = mp_checkcontext(L, 1);
   mp_context_close(L, ctx, grace);
   mp_watch_close(ctx);
+  ctx->shut = 1;
   mp_payload_release(L, 1);
   return 0;
 }
@@ -355,9 +503,15 @@ static int ctx_gc(lua_State *L) {
 /* fileno(): a descriptor that becomes readable when join(0) has something
 ** to do -- a worker exited, a report's descriptors came, the ending's next
 ** step is due -- and stays readable once the context is settled.  Valid
-** until close (or collection) of the context: stop watching it first. */
+** until close (or collection) of the context: stop watching it first.
+** After close() it raises, as Queue.fileno does: a new epoll and timer
+** would be held until collection for nothing. */
 static int ctx_fileno(lua_State *L) {
-  int fd = mp_watch(check_owned(L, mp_checkcontext(L, 1)));
+  mp_Context *ctx = check_owned(L, mp_checkcontext(L, 1));
+  int fd;
+  if (ctx->shut)
+    return luaL_error(L, "ProcessContext.fileno: the context is closed");
+  fd = mp_watch(ctx);
   if (fd < 0)
     return luaL_error(L, "ProcessContext.fileno: %s", strerror(-fd));
   lua_pushinteger(L, fd);
@@ -422,9 +576,10 @@ static int process_is_alive(lua_State *L) {
 
 static int process_signal(lua_State *L, int sig) {
   mp_Worker *w = check_process(L, 1);
-  if (w->pid > 0 && !mp_reap(w) && mp_signal_worker(w, sig) != 0)
+  int err;
+  if (w->pid > 0 && !mp_reap(w) && (err = mp_signal_worker(w, sig)) != 0)
     return luaL_error(L, "cannot signal process %d: %s", (int)w->pid,
-                      strerror(errno));
+                      strerror(-err));
   return 0;
 }
 
@@ -619,7 +774,9 @@ void mp_open_context(lua_State *L) {
   };
   static const luaL_Reg ctx_methods[] = {
     {"join", ctx_join}, {"pids", ctx_pids}, {"results", ctx_results},
-    {"close", ctx_close}, {"fileno", ctx_fileno}, {NULL, NULL}
+    {"close", ctx_close}, {"fileno", ctx_fileno},
+    {"terminate", ctx_terminate}, {"poll", ctx_poll},
+    {"restart", ctx_restart}, {NULL, NULL}
   };
   static const luaL_Reg process_meta[] = {
     {"__index", process_index}, {"__tostring", process_tostring},
@@ -633,7 +790,8 @@ void mp_open_context(lua_State *L) {
   static const luaL_Reg funcs[] = {
     {"start_processes", l_start_processes}, {"spawn", l_spawn},
     {"active_children", l_active_children},
-    {"current_process", l_current_process}, {NULL, NULL}
+    {"current_process", l_current_process},
+    {"get_all_start_methods", l_get_all_start_methods}, {NULL, NULL}
   };
   mp_new_class(L, MP_CONTEXT_T, ctx_meta, ctx_methods);
   lua_setfield(L, -2, "ProcessContext");

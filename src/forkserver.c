@@ -59,7 +59,8 @@ LUAMOD_API int luaopen_multiprocessing_core(lua_State *L);
 
 typedef struct Request {
   uint32_t magic;
-  int32_t nprocs;
+  int32_t nprocs;      /* how many workers: ranks first..first+nprocs-1 */
+  int32_t first;
   int32_t parent;      /* the user process: the workers' parent */
   uint32_t nfds;       /* mp_worker_fds: MP_WFD_NFIXED, then the codec's */
 } Request;
@@ -230,7 +231,7 @@ static void serve(const Job *job) {
   }
   fflush(NULL);  /* whatever loading printed must not be printed n times */
   mp_title_prepare(sub);  /* the workers set their titles without /proc */
-  for (i = 0; i < job->rq->nprocs; i++) {
+  for (i = job->rq->first; i < job->rq->first + job->rq->nprocs; i++) {
     int pidfd = -1, err;
     pid_t pid = clone_worker(&pidfd, job->rb);
     if (pid == 0) worker_child(sub, job, i);
@@ -244,7 +245,9 @@ static void serve(const Job *job) {
 
 static int valid_request(const Request *rq, ssize_t r, size_t nfds) {
   return r == (ssize_t)sizeof *rq && rq->magic == REQ_MAGIC &&
-         rq->nprocs > 0 && rq->nfds >= MP_WFD_NFIXED && rq->nfds == nfds;
+         rq->nprocs > 0 && rq->first >= 0 &&
+         rq->first <= INT32_MAX - rq->nprocs &&
+         rq->nfds >= MP_WFD_NFIXED && rq->nfds == nfds;
 }
 
 /* _forkserver_main(sock, parent_pid): the server's loop; never returns. */
@@ -401,7 +404,8 @@ static int send_request(Server *s, mp_Context *ctx, const int *fds,
                         int nfds) {
   Request rq;
   rq.magic = REQ_MAGIC;
-  rq.nprocs = ctx->nprocs;
+  rq.nprocs = ctx->last - ctx->first;
+  rq.first = ctx->first;
   rq.parent = (int32_t)getpid();
   rq.nfds = (uint32_t)nfds;
   return send_msg(s->sock, &rq, sizeof rq, fds, (size_t)nfds);
@@ -421,9 +425,9 @@ static int lost_pidfd(lua_State *L, mp_Context *ctx, Server *s, int rank,
     ssize_t n;
     w->pid = pid;
     w->pidfd = -1;
-    ctx->started = i + 1;
+    mp_started(ctx, i);
     mp_discard(w);
-    if (++i == ctx->nprocs) break;
+    if (++i == ctx->last) break;
     memset(&r, 0, sizeof r);
     n = recv_msg(s->sock, &r, sizeof r, &fd, &nfds);
     if (nfds == 1) close(fd);
@@ -440,7 +444,7 @@ static int lost_pidfd(lua_State *L, mp_Context *ctx, Server *s, int rank,
 ** or answers nonsense is stopped: the next start gets a fresh one. */
 static int read_replies(lua_State *L, mp_Context *ctx, Server *s) {
   int i;
-  for (i = 0; i < ctx->nprocs; i++) {
+  for (i = ctx->first; i < ctx->last; i++) {
     mp_Worker *w = &ctx->workers[i];
     Reply r;
     int fd = -1;
@@ -471,7 +475,7 @@ static int read_replies(lua_State *L, mp_Context *ctx, Server *s) {
     }
     w->pid = (pid_t)r.pid;
     w->pidfd = fd;
-    ctx->started = i + 1;
+    mp_started(ctx, i);
     /* It is our child: its own group already, or now, before anybody
     ** signals the group (as fork does). */
     setpgid(w->pid, w->pid);
@@ -492,12 +496,7 @@ static int forkserver_launch(lua_State *L, mp_Context *ctx, int ei,
     err = server_ensure(L, s, si, ei);
     if (err != 0) return err;
     err = send_request(s, ctx, fds, nfds);
-    if (err == 0) {
-      /* the server holds the workers' end now: one descriptor less while
-      ** the pidfds come */
-      mp_reports_started(&ctx->reports);
-      return read_replies(L, ctx, s);
-    }
+    if (err == 0) return read_replies(L, ctx, s);
     /* A server that died since we looked: one more try with a new one. */
     server_stop(s);
     if (attempt > 0 || (err != EPIPE && err != ECONNRESET))

@@ -25,8 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/ioctl.h>
-#include <sys/pidfd.h>
 #include <sys/signalfd.h>
 #include <sys/timerfd.h>
 #include <sys/wait.h>
@@ -35,43 +33,13 @@
 #include "codec.h"
 #include "mp.h"
 
-/* --- exit status --------------------------------------------------------- */
+/* --- exit status ----------------------------------------------------------- */
 
-/* Linux >= 6.15 keeps a child's exit status on its pidfd after somebody
-** else reaped it (a host that ignores SIGCHLD, or whose handler calls
-** waitpid(-1)).  Older kernels (Debian 12's 6.1) do not: then the status
-** the worker wrote itself as it left is read from its report slot
-** (mp_reports_exit_get).  LUA_MP_NO_PIDFD_EXIT_INFO=1 skips the pidfd here,
-** which is how the specs stand in for such a kernel.  (Layout from
-** linux/pidfd.h.) */
-struct pidfd_exit_info {
-  uint64_t mask, cgroupid;
-  uint32_t pid, tgid, ppid, ruid, rgid, euid, egid, suid, sgid, fsuid, fsgid;
-  int32_t exit_code;
-};
-#define PIDFD_INFO_EXIT_BIT (1UL << 3)
-#define PIDFD_GET_INFO_REQ _IOWR(0xFF, 11, struct pidfd_exit_info)
-#define NO_EXIT_INFO_ENV "LUA_MP_NO_PIDFD_EXIT_INFO"
-
-static int status_from_wait(int wstatus) {
-  if (WIFEXITED(wstatus)) return WEXITSTATUS(wstatus);
-  if (WIFSIGNALED(wstatus)) return -WTERMSIG(wstatus);
-  return MP_EXIT_UNKNOWN;
-}
-
-static int pidfd_exit_info_disabled(void) {
-  const char *v = getenv(NO_EXIT_INFO_ENV);
-  return v != NULL && *v != '\0' && strcmp(v, "0") != 0;
-}
-
+/* How a worker somebody else reaped ended: what the kernel kept on its
+** pidfd (proc.c), else what the worker wrote itself as it left. */
 static int lost_status(const mp_Worker *w) {
-  struct pidfd_exit_info info;
-  memset(&info, 0, sizeof info);
-  info.mask = PIDFD_INFO_EXIT_BIT;
-  if (w->pidfd >= 0 && !pidfd_exit_info_disabled()
-      && ioctl(w->pidfd, PIDFD_GET_INFO_REQ, &info) == 0
-      && (info.mask & PIDFD_INFO_EXIT_BIT))
-    return status_from_wait(info.exit_code);
+  int code = mp_pidfd_exit_code(w->pidfd);
+  if (code != MP_EXIT_UNKNOWN) return code;
   return mp_reports_exit_get(&w->ctx->reports, (int)(w - w->ctx->workers));
 }
 
@@ -103,13 +71,15 @@ static void unwatch(mp_Context *ctx, int fd) {
 ** the id cannot have been reused): a worker's children never outlive it. */
 int mp_reap(mp_Worker *w) {
   siginfo_t si;
+  int r;
   if (w->state == MP_EXITED) return 1;
-  if (mp_wait_child(w->pid, w->pidfd, &si, WNOHANG | WNOWAIT) == 0) {
+  r = mp_wait_child(w->pid, w->pidfd, &si, WNOHANG | WNOWAIT);
+  if (r == 0) {
     if (si.si_pid == 0) return 0;
     killpg(w->pid, SIGKILL);
     mp_wait_child(w->pid, w->pidfd, &si, 0);
     w->exitcode = mp_exit_code(&si);
-  } else if (errno == ECHILD) {
+  } else if (r == -ECHILD) {
     killpg(w->pid, SIGKILL);
     w->exitcode = lost_status(w);
   } else {
@@ -121,6 +91,7 @@ int mp_reap(mp_Worker *w) {
   if (w->pidfd >= 0) close(w->pidfd);
   w->pidfd = -1;
   w->state = MP_EXITED;
+  w->ended_at = mp_now();
   /* Reaped outside a join (is_alive, exitcode): the join that takes the
   ** news must still be woken. */
   arm_timer(w->ctx, 0);
@@ -129,34 +100,16 @@ int mp_reap(mp_Worker *w) {
 
 void mp_discard(mp_Worker *w) {
   siginfo_t si;
-  kill(w->pid, SIGKILL);
-  killpg(w->pid, SIGKILL);
-  mp_wait_child(w->pid, w->pidfd, &si, 0);
+  mp_kill_wait(w->pid, w->pidfd, &si);
   w->exitcode = -SIGKILL;
   w->terminated = 1;
   w->state = MP_EXITED;
-}
-
-static int send_worker(const mp_Worker *w, int sig) {
-  int r;
-  /* By pid only when there is no pidfd: after ESRCH the pid may be
-  ** somebody else's already. */
-  if (w->pidfd < 0)
-    r = kill(w->pid, sig);
-  else
-    r = pidfd_send_signal(w->pidfd, sig, NULL, 0);
-  killpg(w->pid, sig);  /* its group id is ours until we reap it */
-  return r;
+  w->ended_at = mp_now();
 }
 
 int mp_signal_worker(mp_Worker *w, int sig) {
-  int r;
   if (w->state != MP_RUNNING) return 0;
-  r = send_worker(w, sig);
-  /* A SIGTERM to a stopped process stays pending until it runs again: so
-  ** SIGCONT follows, as in tini and systemd. */
-  if (sig == SIGTERM) send_worker(w, SIGCONT);
-  return r;
+  return mp_signal_group(w->pid, w->pidfd, sig);
 }
 
 /* --- waiting ------------------------------------------------------------- */
@@ -296,32 +249,30 @@ static void begin_term(mp_Context *ctx, double grace) {
   if (grace <= 0) kill_all(ctx);
 }
 
-/* One step of the ending, never waiting: starts it when a worker failed
-** (with 'grace' for the others when 'grace_given'), and moves it on when
-** its time has come. */
-static void step(mp_Context *ctx, double grace, int grace_given) {
+/* Moves an ending that has begun on when its time has come, never
+** waiting: what poll() does, and every join. */
+static void advance(mp_Context *ctx) {
   double now = mp_now();
-  switch (ctx->ending) {
-    case MP_END_NONE:
-      if (first_failure(ctx) < 0) break;
-      if (!grace_given || grace <= 0) {
-        begin_term(ctx, grace);
-        break;
-      }
+  if (ctx->ending == MP_END_WAIT && (now >= ctx->next_at || running(ctx) == 0))
+    begin_term(ctx, ctx->grace);
+  else if (ctx->ending == MP_END_TERM && now >= ctx->next_at)
+    kill_all(ctx);
+}
+
+/* One step of join: the policy "one fails, all go" starts an ending when a
+** worker failed (with 'grace' for the others when 'grace_given'), then
+** the ending moves on. */
+static void step(mp_Context *ctx, double grace, int grace_given) {
+  if (ctx->ending == MP_END_NONE && first_failure(ctx) >= 0) {
+    if (!grace_given || grace <= 0) {
+      begin_term(ctx, grace);
+    } else {
       ctx->ending = MP_END_WAIT;
       ctx->grace = grace;
-      ctx->next_at = now + grace;
-      break;
-    case MP_END_WAIT:
-      if (now >= ctx->next_at || running(ctx) == 0)
-        begin_term(ctx, ctx->grace);
-      break;
-    case MP_END_TERM:
-      if (now >= ctx->next_at) kill_all(ctx);
-      break;
-    case MP_END_KILL:
-      break;
+      ctx->next_at = mp_now() + grace;
+    }
   }
+  advance(ctx);
 }
 
 /* Ctrl-C: terminate without waiting for the others; a second one skips
@@ -352,13 +303,75 @@ static int run_ending(mp_Context *ctx, double deadline, double grace,
   }
 }
 
+static void watch_sync(mp_Context *ctx);
+
+void mp_terminate(mp_Context *ctx, double grace) {
+  double at = mp_now() + grace;
+  if (ctx->closed) return;
+  if (ctx->ending < MP_END_TERM)
+    begin_term(ctx, grace);
+  else if (ctx->ending == MP_END_TERM && grace <= 0)
+    kill_all(ctx);
+  else if (ctx->ending == MP_END_TERM && at < ctx->next_at)
+    ctx->next_at = at;
+  watch_sync(ctx);
+}
+
 void mp_terminate_all(mp_Context *ctx, double grace) {
   mp_Interrupt in;
   mp_interrupt_watch(&in);
-  begin_term(ctx, grace);
-  if (grace <= 0 && ctx->ending == MP_END_TERM) kill_all(ctx);
+  mp_terminate(ctx, grace);
   run_ending(ctx, INFINITY, grace, 1, &in);
   mp_interrupt_unwatch(&in);
+}
+
+/* --- poll: the events of a context that its owner drives ----------------- */
+
+/* Pushes the event of worker 'rank', which has ended. */
+static void push_event(lua_State *L, const mp_Worker *w, int rank) {
+  const char *name;
+  lua_createtable(L, 0, 6);                           /* ev */
+  lua_pushinteger(L, rank);
+  lua_setfield(L, -2, "rank");
+  lua_pushinteger(L, w->pid);
+  lua_setfield(L, -2, "pid");
+  if (w->exitcode != MP_EXIT_UNKNOWN) {
+    lua_pushinteger(L, w->exitcode);
+    lua_setfield(L, -2, "exitcode");
+  }
+  if (w->exitcode < 0 && w->exitcode != MP_EXIT_UNKNOWN &&
+      (name = mp_signal_name(-w->exitcode)) != NULL) {
+    lua_pushstring(L, name);
+    lua_setfield(L, -2, "signal");
+  }
+  lua_pushboolean(L, w->terminated);
+  lua_setfield(L, -2, "terminated");
+  lua_pushnumber(L, w->ended_at);
+  lua_setfield(L, -2, "at");
+}
+
+int mp_poll(lua_State *L, mp_Context *ctx) {
+  int i, n = 0, top = mp_stack_top(L);
+  if (!ctx->closed) {
+    wait_any(ctx, 0, NULL);  /* a deadline passed: it never sleeps */
+    advance(ctx);
+    watch_sync(ctx);
+  }
+  lua_newtable(L);                                    /* events */
+  for (i = 0; i < ctx->started; i++) {
+    mp_Worker *w = &ctx->workers[i];
+    if (w->pid <= 0 || w->state != MP_EXITED || w->polled) continue;
+    w->polled = 1;
+    push_event(L, w, i);                              /* events ev */
+    lua_rawseti(L, -2, ++n);                          /* events */
+  }
+  if ((ctx->ending == MP_END_WAIT || ctx->ending == MP_END_TERM) &&
+      !ctx->closed && running(ctx) > 0)
+    lua_pushnumber(L, fmax(0, ctx->next_at - mp_now()));
+  else
+    lua_pushnil(L);                                   /* events due */
+  mp_stack_check(L, top, 2);
+  return 2;
 }
 
 /* --- fileno -------------------------------------------------------------- */
@@ -383,6 +396,23 @@ static void watch_sync(mp_Context *ctx) {
   }
   arm_timer(ctx, running(ctx) == 0 ? 0
                : ctx->ending != MP_END_NONE ? ctx->next_at : INFINITY);
+}
+
+int mp_watch_worker(mp_Worker *w) {
+  mp_Context *ctx = w->ctx;
+  int err = ctx->watch >= 0 ? watch_add(ctx, w->pidfd) : 0;
+  if (err == 0 && ctx->watch >= 0 && !ctx->watch_sock &&
+      ctx->reports.sock >= 0 && !ctx->reports.eof) {
+    err = watch_add(ctx, ctx->reports.sock);
+    ctx->watch_sock = err == 0;
+  }
+  watch_sync(ctx);
+  return -err;
+}
+
+void mp_watch_unsock(mp_Context *ctx) {
+  if (ctx->watch_sock) unwatch(ctx, ctx->reports.sock);
+  ctx->watch_sock = 0;
 }
 
 void mp_watch_finish(mp_Context *ctx) {
@@ -461,6 +491,28 @@ static int decode_report(lua_State *L) {
   return 1;
 }
 
+/* e.traceback and e.message from the report at 'r' (its text on top):
+** the worker said where its traceback ends (tb); without it, the whole
+** text is the message. */
+static void split_text(lua_State *L, int r, int fields) {
+  size_t len;
+  const char *text = lua_tolstring(L, -1, &len);
+  lua_Integer tb;
+  int top = mp_stack_top(L);
+  lua_getfield(L, r, "tb");                           /* ... text tb */
+  tb = lua_isinteger(L, -1) ? lua_tointeger(L, -1) : -1;
+  lua_pop(L, 1);                                      /* ... text */
+  if (tb >= 0 && (size_t)tb < len) {
+    lua_pushlstring(L, text, (size_t)tb);
+    lua_setfield(L, fields, "traceback");
+    lua_pushlstring(L, text + tb + 1, len - (size_t)tb - 1);
+  } else {
+    lua_pushvalue(L, -1);
+  }
+  lua_setfield(L, fields, "message");
+  mp_stack_check(L, top, 0);
+}
+
 /* Sets msg and value of the exception fields at 'fields' from the error
 ** report 'rep' of worker 'rank'. */
 static void raised_fields(lua_State *L, const mp_Context *ctx, int rank,
@@ -478,6 +530,7 @@ static void raised_fields(lua_State *L, const mp_Context *ctx, int rank,
       lua_pop(L, 1);                                  /* head r */
       lua_pushliteral(L, "(the error report has no text)"); /* head r text */
     }
+    split_text(L, lua_gettop(L) - 1, fields);
   } else {                                            /* head err */
     lua_pushfstring(L, "(the error report could not be read: %s)",
                     lua_tostring(L, -1));             /* head err text */
@@ -548,6 +601,8 @@ static void push_exception(lua_State *L, mp_Context *ctx, int rank) {
   } else {
     exited_fields(L, rank, w->exitcode, fields);
   }
+  lua_pushstring(L, got == 0 ? "exited" : "raised");
+  lua_setfield(L, fields, "kind");
   mp_exception_new(L, got == 0 ? MP_EXC_EXITED : MP_EXC_RAISED,
                    fields);                           /* fields e */
   lua_remove(L, fields);                              /* e */
@@ -586,6 +641,8 @@ static void push_result_failure(lua_State *L, const mp_Context *ctx,
                      "cannot be received: %s", rank,
                   (int)ctx->workers[rank].pid, lua_tostring(L, -2));
   lua_setfield(L, -2, "msg");                         /* why fields */
+  lua_pushliteral(L, "result");
+  lua_setfield(L, -2, "kind");
   mp_exception_new(L, MP_EXC_BASE, -1);               /* why fields e */
   lua_replace(L, -3);                                 /* e fields */
   lua_pop(L, 1);                                      /* e */
@@ -628,6 +685,23 @@ static int read_results(lua_State *L, mp_Context *ctx, int uv) {
 
 /* --- join ---------------------------------------------------------------- */
 
+static void close_lifeline(mp_Context *ctx, int end) {
+  if (ctx->lifeline[end] >= 0) close(ctx->lifeline[end]);
+  ctx->lifeline[end] = -1;
+}
+
+void mp_context_finish(lua_State *L, mp_Context *ctx) {
+  if (getpid() == ctx->owner) {
+    mp_reports_discard(L, &ctx->reports, ctx->started);
+    mp_reports_settle(L, &ctx->reports, ctx->started);
+  }
+  mp_watch_finish(ctx);
+  mp_reports_close(&ctx->reports);
+  close_lifeline(ctx, 0);
+  close_lifeline(ctx, 1);
+  ctx->closed = 1;
+}
+
 /* Called once every worker is reaped: stores the outcome -- the failure
 ** on top, or nil -- in the context's uservalue and closes the reports.
 ** An outcome is raised again by every later join. */
@@ -644,16 +718,16 @@ static void settle(lua_State *L, mp_Context *ctx, int ctxidx) { /* outcome */
 ** that cannot be received, an interrupt, or the first failure. */
 static void finish_join(lua_State *L, mp_Context *ctx, int ctxidx) {
   int top = mp_stack_top(L), failed = first_failure(ctx);
-  if (ctx->ending == MP_END_NONE && !ctx->interrupted) {
+  if (ctx->interrupted) {
+    lua_pushliteral(L, "interrupted! (SIGINT during join: every worker was "
+                       "terminated and reaped)");     /* msg */
+  } else if (failed >= 0) {
+    push_failure(L, ctx, failed);                     /* e */
+  } else {  /* all exited 0, or ctx:terminate() ended them */
     lua_getiuservalue(L, ctxidx, 1);                  /* uv */
     if (read_results(L, ctx, lua_gettop(L)))          /* uv [e] */
       lua_pushnil(L);                                 /* uv nil */
     lua_remove(L, -2);                                /* e|nil */
-  } else if (ctx->interrupted || failed < 0) {  /* an ending has a cause */
-    lua_pushliteral(L, "interrupted! (SIGINT during join: every worker was "
-                       "terminated and reaped)");     /* msg */
-  } else {
-    push_failure(L, ctx, failed);                     /* e */
   }
   settle(L, ctx, ctxidx);                             /* */
   mp_stack_check(L, top, 0);
@@ -667,9 +741,8 @@ static void raise_failure(lua_State *L, int ctxidx) {
   lua_pop(L, 2);                                      /* */
 }
 
-int mp_join(lua_State *L, int ctxidx, double timeout, double grace,
-            int grace_given) {
-  mp_Context *ctx = mp_checkcontext(L, ctxidx);
+int mp_join(lua_State *L, mp_Context *ctx, int ctxidx, double timeout,
+            double grace, int grace_given) {
   double deadline = timeout < 0 ? INFINITY : mp_now() + timeout;
   ctxidx = lua_absindex(L, ctxidx);
   if (!ctx->closed) {

@@ -1,8 +1,7 @@
 /*
 ** launch.c -- what the fresh-interpreter start methods ("spawn",
 ** "forkserver") share: the worker's descriptors, the one start sequence
-** (mp_start_fresh) around each method's own launch, waiting for a child by
-** pidfd, and starting an executable the way an embedded library must: safe
+** (mp_start_fresh) around each method's own launch, and starting an executable the way an embedded library must: safe
 ** in a threaded host, holding its pidfd from the first instant.
 **
 ** clone(CLONE_VM | CLONE_VFORK) then execve, as posix_spawn does: no page
@@ -36,10 +35,6 @@
 
 #include "mp.h"
 
-#ifndef P_PIDFD
-#define P_PIDFD 3   /* waitid by pidfd: Linux 5.4, glibc 2.36 */
-#endif
-
 /* --- what spawn and forkserver share ------------------------------------- */
 
 int mp_worker_fds(const mp_Context *ctx, const mp_Payload *p, int *fds) {
@@ -55,34 +50,24 @@ int mp_worker_fds(const mp_Context *ctx, const mp_Payload *p, int *fds) {
 int mp_start_fresh(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
                    int args, mp_FreshLaunch launch) {
   int top = lua_gettop(L), nfds, err;
-  mp_Payload *p = mp_payload_push(L, ctx, ctxidx, fn, args); /* payload */
-  int *fds = lua_newuserdatauv(L, sizeof(int) * (MP_WFD_NFIXED + p->nfds),
-                               0);                       /* payload fds */
+  mp_Payload *p = mp_payload_get(L, ctxidx);             /* payload */
+  int *fds;
+  (void)fn;  /* in the payload */
+  (void)args;
+  if (p == NULL) {
+    lua_pushliteral(L, "the context has no payload for its workers");
+    lua_replace(L, top + 1);                             /* msg */
+    return EINVAL;
+  }
+  fds = lua_newuserdatauv(L, sizeof(int) * (MP_WFD_NFIXED + p->nfds),
+                          0);                            /* payload fds */
   nfds = mp_worker_fds(ctx, p, fds);
   mp_push_executable(L);                                 /* payload fds exe */
   fflush(NULL);  /* our buffered output first, as it would be without us */
   err = launch(L, ctx, top + 3, fds, nfds);              /* ... [msg] */
-  mp_payload_close(p);
   if (err != 0) lua_replace(L, top + 1);                 /* msg ... */
   lua_settop(L, top + (err != 0));                       /* [msg] */
   return err;
-}
-
-int mp_wait_child(pid_t pid, int pidfd, siginfo_t *si, int options) {
-  int r;
-  memset(si, 0, sizeof *si);
-  do {
-    if (pidfd >= 0)
-      r = waitid((idtype_t)P_PIDFD, (id_t)pidfd, si,
-                 options | WEXITED | __WALL);
-    else
-      r = waitid(P_PID, (id_t)pid, si, options | WEXITED | __WALL);
-  } while (r < 0 && errno == EINTR);
-  return r;
-}
-
-int mp_exit_code(const siginfo_t *si) {
-  return si->si_code == CLD_EXITED ? si->si_status : -si->si_status;
 }
 
 /* --- clone and exec ------------------------------------------------------ */

@@ -155,7 +155,8 @@ void mp_ledger_note(lua_State *L, const char *name, int delta) {
   mp_stack_check(L, top, 0);
 }
 
-void mp_ledger_settle(lua_State *L, int fd, off_t at) {
+void mp_ledger_settle(lua_State *L, int fd, off_t at,
+                      mp_GiveBack give_back) {
   Entry buf[256];
   uint64_t used, k = 0;
   if (pread(fd, &used, sizeof used, at) != (ssize_t)sizeof used) return;
@@ -169,7 +170,7 @@ void mp_ledger_settle(lua_State *L, int fd, off_t at) {
     for (i = 0; i < n; i++)
       if (buf[i].held > 0) {
         buf[i].name[MP_SHM_NAMELEN - 1] = '\0';
-        mp_array_give_back(L, buf[i].name, buf[i].held);
+        give_back(L, buf[i].name, buf[i].held);
       }
     k += n;
   }

@@ -16,9 +16,13 @@
 ** Processes
 **   context.c      start_processes, spawn, ProcessContext, Process handles,
 **                  active_children, current_process
-**   join.c         waiting for workers (pidfds), termination that never
-**                  blocks, the exception of the first failure, the results,
-**                  ctx:fileno()
+**   join.c         the supervision engine: waiting for workers (pidfds),
+**                  the one ending (SIGTERM, grace, SIGKILL) behind join,
+**                  close and terminate, never blocking; poll's events; the
+**                  exception of the first failure, the results, fileno()
+**   proc.c, proc.h process facts: waitid, exit statuses (the pidfd's exit
+**                  info too), signalling a worker and its process group
+**                  (also compiled into the launcher module)
 **   exception.c    ProcessException and its kinds, isinstance; Interrupted
 **                  (Ctrl-C in any blocking call: mp_raise_interrupt)
 **   reports.c      the memfd where workers leave errors, results and their
@@ -38,8 +42,7 @@
 **   start_spawn.c  "spawn": a fresh interpreter per worker
 **   forkserver.c   "forkserver": a server process that forks fresh workers
 **   launch.c       what spawn and forkserver share: the worker's
-**                  descriptors, the start sequence, clone+exec, waiting
-**                  for a child
+**                  descriptors, the start sequence, clone+exec
 **   executable.c   which program runs fresh workers (set_executable,
 **                  get_executable), the line of Lua it starts with, and
 **                  its hello
@@ -79,6 +82,23 @@
 ** the launcher, cluster.lua what it learns from a cluster's engine.
 ** README "Layout" maps features to files and to specs.
 */
+/*
+** Errors: one convention in the C.
+**   - A helper that makes system calls and has no Lua state returns 0, or
+**     -errno (as libuv does): proc.c, mp_wait_child, mp_signal_worker,
+**     mp_watch, mp_sendfds.  Its caller tests r < 0 and reads strerror(-r).
+**   - A helper that has a Lua state returns 0, or an errno with a message
+**     pushed (mp_push_errno) that names what failed: the start methods,
+**     mp_launch, mp_start_fresh, mp_payload_make.  It never raises: its
+**     caller decides (a context it started is its own to close).
+**   - A function Lua calls raises for misuse, naming the method (args.c:
+**     "ProcessContext.restart"), raises the exception objects for worker
+**     failures, and returns expected outcomes: nil, "timeout" / "closed",
+**     or nil, message for a start that failed (ctx:restart).
+** Older helpers that still return a positive errno with no message
+** (mp_reports_create, mp_lifeline_create, mp_write_all) say so where they
+** are declared.
+*/
 #ifndef mp_h
 #define mp_h
 
@@ -86,13 +106,13 @@
 #include <sys/types.h>
 #include "lua.h"
 #include "lauxlib.h"
+#include "proc.h"
 
 #define MP_CONTEXT_T   "multiprocessing.ProcessContext"
 #define MP_PROCESS_T   "multiprocessing.Process"
 
 /* --- one worker of a context --- */
 typedef enum { MP_RUNNING, MP_EXITED } mp_WorkerState;
-#define MP_EXIT_UNKNOWN  (-1000)
 
 struct mp_Context;
 
@@ -104,6 +124,8 @@ typedef struct mp_Worker {
   int exitcode;       /* exit status, minus the signal number, or
                          MP_EXIT_UNKNOWN when another waiter took it */
   int terminated;     /* we signalled it: its death is not a failure */
+  int polled;         /* its end was reported by ctx:poll() */
+  double ended_at;    /* mp_now() when it was reaped */
 } mp_Worker;
 
 /* --- the workers' reports: errors and results (reports.c) --- */
@@ -112,7 +134,8 @@ typedef struct mp_Stashed { int rank, fd; } mp_Stashed;
 typedef struct mp_Reports {
   int fd;                 /* a memfd, -1 once closed */
   int sock;               /* our end of the descriptors' socket, or -1 */
-  int peer;               /* the workers' end, -1 once they all have it */
+  int peer;               /* the workers' end (kept for restarts when there
+                             are several workers), or -1 */
   int eof;                /* every worker's end is closed: stop polling */
   mp_Stashed *stash;      /* descriptors that came, until their report is
                              taken (fd -1: some were truncated) */
@@ -137,8 +160,6 @@ typedef struct mp_Report {
 } mp_Report;
 
 int  mp_reports_create(mp_Reports *r);           /* 0 or errno */
-/* Every worker has started: the workers' end of the socket is theirs. */
-void mp_reports_started(mp_Reports *r);
 void mp_reports_close(mp_Reports *r);            /* idempotent */
 /* Moves the descriptors waiting in the socket to the stash, without
 ** blocking; a worker sending many waits for this (join polls the socket). */
@@ -162,6 +183,16 @@ off_t mp_reports_ledger_at(int rank);
 void mp_reports_discard(lua_State *L, mp_Reports *r, int n);
 /* Every worker gone: gives back what the ledgers of ranks 0..n-1 list. */
 void mp_reports_settle(lua_State *L, mp_Reports *r, int n);
+/* A context of one worker has started it: the workers' end goes (no other
+** worker could need it while this one runs). */
+void mp_reports_shed(mp_Reports *r);
+/* No worker runs and one starts again: a new socket if the workers' end
+** went (the old one's descriptors stay in the stash); 0 or errno. */
+int  mp_reports_renew(mp_Reports *r);
+/* Worker 'rank' is gone and another starts in its slot: what its reports
+** and its ledger held is given back, the descriptors it sent are closed,
+** and the slot reads as new. */
+void mp_reports_clear(lua_State *L, mp_Reports *r, int rank);
 /* Worker side: sends the report's descriptors, then writes it; 0 or errno. */
 int  mp_reports_put(const mp_ReportTo *to, int rank, int kind,
                     const char *data, size_t size, const int *fds,
@@ -182,8 +213,11 @@ typedef enum {
 typedef struct mp_Context {
   int nprocs;
   int started;            /* workers 0..started-1 have a pid */
+  int first, last;        /* the ranks the start in progress starts:
+                             first..last-1 (all, or the one restarted) */
   int daemon;
   int closed;             /* workers reaped and reports closed */
+  int shut;               /* close() or collection: fileno() refuses */
   pid_t owner;            /* the process that started the workers */
   const mp_StartMethod *method;
   mp_Reports reports;
@@ -199,16 +233,22 @@ typedef struct mp_Context {
   mp_Worker workers[1];   /* nprocs of them */
 } mp_Context;
 
-/* A start method starts workers 0..nprocs-1 of 'ctx' (at stack index
-** 'ctxidx'), each running the function at stack index 'fn' with the argument
-** table at 'args'.  It records
-** each worker in ctx->workers[i] and ctx->started as it goes; on failure it
-** returns an errno-style code with a message pushed, and the caller
-** terminates and reaps the ones already started. */
+/* A start method starts workers ctx->first..ctx->last-1 of 'ctx' (at stack
+** index 'ctxidx'), each running the function at stack index 'fn' with the
+** argument table at 'args'.  It records each worker in ctx->workers[i] and
+** marks it with mp_started as it goes; on failure it returns an
+** errno-style code with a message pushed, and the caller terminates and
+** reaps the ones already started.  A spawn or forkserver start finds the
+** payload (payload.c) in the context's uservalue. */
 struct mp_StartMethod {
   const char *name;
   int (*start)(lua_State *L, mp_Context *ctx, int ctxidx, int fn, int args);
 };
+
+/* Worker 'rank' has a pid now. */
+static inline void mp_started(mp_Context *ctx, int rank) {
+  if (rank + 1 > ctx->started) ctx->started = rank + 1;
+}
 
 extern const mp_StartMethod mp_start_fork;
 extern const mp_StartMethod mp_start_spawn;
@@ -219,15 +259,29 @@ extern const mp_StartMethod mp_start_forkserver;
 /* Waits up to 'timeout' seconds (< 0: forever).  Returns 1 when every worker
 ** exited 0, 0 on timeout; on a failure it waits 'grace' for the others when
 ** 'grace_given', terminates the rest and raises the exception. */
-int  mp_join(lua_State *L, int ctxidx, double timeout, double grace,
-             int grace_given);
-/* Terminates and reaps every live worker of ctx, and signals the process
-** group of each, so grandchildren go too: grace > 0 is SIGTERM, up to
-** 'grace' seconds, SIGKILL; grace 0 is SIGKILL at once, and then waits only
-** for the kernel to take the workers down. */
+int  mp_join(lua_State *L, mp_Context *ctx, int ctxidx, double timeout,
+             double grace, int grace_given);
+/* ctx:terminate(grace), never waiting: SIGTERM (and SIGCONT) to every live
+** worker and its process group now, SIGKILL to those still alive 'grace'
+** seconds later (0: now); later joins, polls and fileno() move it on.
+** Again with a shorter grace brings the SIGKILL forward.  The workers it
+** ends are not failures. */
+void mp_terminate(mp_Context *ctx, double grace);
+/* ctx:poll(): reaps what has exited and moves an ending on, never waiting
+** and never raising; pushes the events of the workers that ended since
+** the last poll and the seconds until the next step (or nil): 2 values. */
+int  mp_poll(lua_State *L, mp_Context *ctx);
+/* mp_terminate, then waits until every worker is reaped: grace > 0 is
+** SIGTERM, up to 'grace' seconds, SIGKILL; grace 0 is SIGKILL at once,
+** and then waits only for the kernel to take the workers down. */
 void mp_terminate_all(mp_Context *ctx, double grace);
 /* ctx:fileno(): the context's epoll, made on first use; -errno. */
 int  mp_watch(mp_Context *ctx);
+/* A restarted worker: its pidfd (and a renewed reports' socket) join the
+** watch, if there is one; -errno. */
+int  mp_watch_worker(mp_Worker *w);
+/* Before the reports' socket is renewed: it leaves the watch. */
+void mp_watch_unsock(mp_Context *ctx);
 /* The context settled: fileno() stays readable (join answers at once). */
 void mp_watch_finish(mp_Context *ctx);
 /* Closes what mp_watch made (the context is being closed). */
@@ -245,18 +299,19 @@ typedef struct mp_Interrupt { int fd; sigset_t old; } mp_Interrupt;
 void mp_interrupt_watch(mp_Interrupt *in);
 int  mp_interrupt_took(mp_Interrupt *in);
 void mp_interrupt_unwatch(mp_Interrupt *in);
-/* 'sig' to a running worker and its process group, SIGCONT after a SIGTERM
-** (a stopped worker ends at once); 0, or -1 and errno. */
+/* 'sig' to a running worker and its process group (mp_signal_group); 0 or
+** -errno. */
 int  mp_signal_worker(mp_Worker *w, int sig);
+
+/* Every worker reaped: gives back the file_system references the dead ones
+** still held (their ledgers) and what the reports nobody took carry, and
+** closes the reports and the lifeline. */
+void mp_context_finish(lua_State *L, mp_Context *ctx);
 
 /* context.c */
 mp_Context *mp_checkcontext(lua_State *L, int idx);
 /* Terminates and reaps what still runs, then finishes the context. */
 void mp_context_close(lua_State *L, mp_Context *ctx, double grace);
-/* Every worker reaped: gives back the file_system references the dead ones
-** still held (their ledgers) and what the reports nobody took carry, and
-** closes the reports. */
-void mp_context_finish(lua_State *L, mp_Context *ctx);
 
 /* exception.c: types are metatables named below; each kind has __parent. */
 #define MP_EXC_BASE    "multiprocessing.ProcessException"
@@ -429,23 +484,28 @@ int  mp_executable_verified(lua_State *L, const char *exe);
 int  mp_await_hello(lua_State *L, int fd, const char *exe);
 
 /* payload.c: what a fresh worker needs (fn, args, the environment), encoded
-** once per context into a sealed memfd.  mp_payload_push pushes its holder
-** (a userdata owning 'fd' and keeping the codec's 'fds' alive) and keeps it
-** in the context's uservalue (field payload): the encoding holds the
-** references its receivers need (MP_CODEC_BROADCAST) until the context
-** ends, when mp_payload_release drops them.  When fn or args cannot be
-** sent it closes the context and raises the codec's error. */
+** once per context into a sealed memfd.  mp_payload_make keeps its holder
+** (a userdata owning 'fd' and keeping the codec's 'fds' alive) in the
+** uservalue of the context at 'ctxidx' (field payload), where every start
+** of the context, restarts too, finds it (mp_payload_get): the encoding
+** holds the references its receivers need (MP_CODEC_BROADCAST) until the
+** context ends, when mp_payload_release drops them.  0, or when fn or args
+** cannot be sent EINVAL with the codec's message pushed. */
 typedef struct mp_Payload {
   int fd;
   const int *fds;
   size_t nfds;
 } mp_Payload;
-mp_Payload *mp_payload_push(lua_State *L, mp_Context *ctx, int ctxidx,
-                            int fn, int args);
+int  mp_payload_make(lua_State *L, int ctxidx, int fn, int args, int daemon);
+/* Pushes the holder (or nil) and returns its payload, NULL when released. */
+mp_Payload *mp_payload_get(lua_State *L, int ctxidx);
 void mp_payload_close(mp_Payload *p);
 /* The context at 'ctxidx' has ended: its payload and the references it
-** holds go now, not at the next collection.  Idempotent. */
+** holds go now, not at the next collection, and so do the fn and args
+** (uservalue fields) its restarts would have used.  Idempotent. */
 void mp_payload_release(lua_State *L, int ctxidx);
+/* Only the payload goes (a restart encodes fn and args again). */
+void mp_payload_drop(lua_State *L, int ctxidx);
 /* In the worker: applies the environment of the payload at 'fd' and pushes
 ** fn and args; 'fds' are the codec's descriptors (a decoded object takes
 ** its own, the others are closed).  A failure becomes a function that
@@ -475,10 +535,10 @@ int  mp_worker_fds(const mp_Context *ctx, const mp_Payload *p, int *fds);
 ** ctx->started as it goes; 0, or an errno with a message pushed. */
 typedef int (*mp_FreshLaunch)(lua_State *L, mp_Context *ctx, int exe,
                               const int *fds, int nfds);
-/* The start of both methods (an mp_StartMethod's start): encodes fn and
-** args once (mp_payload_push), finds the executable, flushes our buffered
-** output (no worker may print it again) and calls 'launch'.  Leaves the
-** stack as it was, plus the message on failure. */
+/* The start of both methods (an mp_StartMethod's start): takes the
+** context's payload (mp_payload_get), finds the executable, flushes our
+** buffered output (no worker may print it again) and calls 'launch'.
+** Leaves the stack as it was, plus the message on failure. */
 int  mp_start_fresh(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
                     int args, mp_FreshLaunch launch);
 /* Starts 'exe' with 'argv' and 'envp' (NULL-terminated) in its own
@@ -489,11 +549,5 @@ int  mp_start_fresh(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
 int  mp_launch(lua_State *L, const char *exe, char *const argv[],
                char *const envp[], const int *fds, int nfds, pid_t *pid,
                int *pidfd);
-/* waitid(2) for the child 'pidfd' (by 'pid' when pidfd < 0), retried on
-** EINTR, WEXITED and __WALL added to 'options'; 0 or -1 with errno. */
-int  mp_wait_child(pid_t pid, int pidfd, siginfo_t *si, int options);
-/* How a child that waitid reported ended: its exit status, or minus the
-** signal that killed it (as Process.exitcode counts). */
-int  mp_exit_code(const siginfo_t *si);
 
 #endif

@@ -168,6 +168,7 @@ static int payload_gc(lua_State *L) {
   return 0;
 }
 
+/* 0 or -errno. */
 static int write_payload(int fd, const mp_Encoded *env, const mp_Encoded *m) {
   PayloadHeader h;
   int err;
@@ -178,12 +179,12 @@ static int write_payload(int fd, const mp_Encoded *env, const mp_Encoded *m) {
   if ((err = mp_write_all(fd, (const char *)&h, sizeof h)) != 0 ||
       (err = mp_write_all(fd, env->data, env->size)) != 0 ||
       (err = mp_write_all(fd, m->data, m->size)) != 0)
-    return err;
+    return -err;
   /* Sealed: a worker's mapping can neither shrink under it (SIGBUS) nor
   ** change. */
   if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE |
                              F_SEAL_SEAL) != 0)
-    return errno;
+    return -errno;
   return 0;
 }
 
@@ -224,13 +225,13 @@ static int build(lua_State *L) {
                       strerror(errno));
   if ((err = write_payload(h->p.fd, &env, &m)) != 0)
     return luaL_error(L, "cannot write the workers' payload: %s",
-                      strerror(err));
+                      strerror(-err));
   lua_settop(L, 5);                                   /* fn args name d h */
   return 1;
 }
 
-mp_Payload *mp_payload_push(lua_State *L, mp_Context *ctx, int ctxidx,
-                            int fn, int args) {
+int mp_payload_make(lua_State *L, int ctxidx, int fn, int args,
+                    int daemon) {
   int top = mp_stack_top(L);
   ctxidx = lua_absindex(L, ctxidx);
   fn = lua_absindex(L, fn);
@@ -239,38 +240,62 @@ mp_Payload *mp_payload_push(lua_State *L, mp_Context *ctx, int ctxidx,
   lua_pushvalue(L, fn);
   lua_pushvalue(L, args);
   push_fn_name(L, fn);                                /* build fn args name */
-  lua_pushboolean(L, ctx->daemon);                    /* ... name daemon */
+  lua_pushboolean(L, daemon);                         /* ... name daemon */
   if (lua_pcall(L, 4, 1, 0) != LUA_OK) {              /* h, or msg */
-    /* Nothing started: the error is the codec's own message, as is. */
-    mp_context_close(L, ctx, 0);
-    lua_error(L);
+    mp_stack_check(L, top, 1);
+    return EINVAL;  /* the codec's own message, for the caller to raise */
   }
   lua_getiuservalue(L, ctxidx, 1);                    /* h uv */
-  lua_pushvalue(L, -2);                               /* h uv h */
-  lua_setfield(L, -2, "payload");                     /* h uv */
-  lua_pop(L, 1);                                      /* h */
+  lua_insert(L, -2);                                  /* uv h */
+  lua_setfield(L, -2, "payload");                     /* uv */
+  lua_pop(L, 1);                                      /* */
+  mp_stack_check(L, top, 0);
+  return 0;
+}
+
+mp_Payload *mp_payload_get(lua_State *L, int ctxidx) {
+  Holder *h;
+  int top = mp_stack_top(L);
+  lua_getiuservalue(L, ctxidx, 1);                    /* uv */
+  lua_getfield(L, -1, "payload");                     /* uv h|nil */
+  lua_remove(L, -2);                                  /* h|nil */
+  h = luaL_testudata(L, -1, PAYLOAD_T);
   mp_stack_check(L, top, 1);
-  return &((Holder *)lua_touserdata(L, -1))->p;
+  return h != NULL && h->p.fd >= 0 ? &h->p : NULL;
+}
+
+/* The payload of the uservalue at 'uv' goes; with 'all', fn and args too. */
+static void drop(lua_State *L, int uv, int all) {
+  if (lua_getfield(L, uv, "payload") == LUA_TUSERDATA) {  /* h */
+    mp_payload_close(&((Holder *)lua_touserdata(L, -1))->p);
+    if (lua_getiuservalue(L, -1, 1) == LUA_TUSERDATA)     /* h box */
+      mp_encoded_close(L, -1);  /* the held references go */
+    lua_pop(L, 1);                                        /* h */
+  }
+  lua_pop(L, 1);                                          /* */
+  lua_pushnil(L);
+  lua_setfield(L, uv, "payload");
+  if (!all) return;
+  lua_pushnil(L);
+  lua_setfield(L, uv, "fn");  /* what restarts would have needed */
+  lua_pushnil(L);
+  lua_setfield(L, uv, "args");
+}
+
+static void release(lua_State *L, int ctxidx, int all) {
+  int top = mp_stack_top(L);
+  if (lua_getiuservalue(L, ctxidx, 1) == LUA_TTABLE)     /* uv */
+    drop(L, lua_gettop(L), all);
+  lua_pop(L, 1);                                          /* */
+  mp_stack_check(L, top, 0);
 }
 
 void mp_payload_release(lua_State *L, int ctxidx) {
-  int top = mp_stack_top(L);
-  ctxidx = lua_absindex(L, ctxidx);
-  if (lua_getiuservalue(L, ctxidx, 1) != LUA_TTABLE) {   /* uv */
-    lua_pop(L, 1);                                        /* */
-    return;
-  }
-  if (lua_getfield(L, -1, "payload") == LUA_TUSERDATA) {  /* uv h */
-    mp_payload_close(&((Holder *)lua_touserdata(L, -1))->p);
-    if (lua_getiuservalue(L, -1, 1) == LUA_TUSERDATA)     /* uv h box */
-      mp_encoded_close(L, -1);  /* the held references go */
-    lua_pop(L, 1);                                        /* uv h */
-  }
-  lua_pop(L, 1);                                          /* uv */
-  lua_pushnil(L);
-  lua_setfield(L, -2, "payload");                         /* uv */
-  lua_pop(L, 1);                                          /* */
-  mp_stack_check(L, top, 0);
+  release(L, lua_absindex(L, ctxidx), 1);
+}
+
+void mp_payload_drop(lua_State *L, int ctxidx) {
+  release(L, lua_absindex(L, ctxidx), 0);
 }
 
 /* --- the worker's side --------------------------------------------------- */

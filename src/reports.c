@@ -15,8 +15,8 @@
 ** up to MP_MAXFDS descriptors.  The parent moves them into a stash as they
 ** come (join polls the socket, so a sender never waits long for room) and
 ** hands a rank's last ones to the decoder of its report, whose header says
-** how many there are.  The parent holds the workers' end only until they
-** have all started.
+** how many there are.  The parent holds the workers' end until the context
+** ends: a restarted worker (ctx:restart) gets it too.
 **
 ** A slot starts with the worker's ledger of file_system references
 ** (ledger.c, MP_LEDGER_BYTES, read when the context settles), then its exit
@@ -82,10 +82,6 @@ int mp_reports_create(mp_Reports *r) {
   r->sock = sv[0];
   r->peer = sv[1];
   return 0;
-}
-
-void mp_reports_started(mp_Reports *r) {
-  close_fd(&r->peer);
 }
 
 void mp_reports_close(mp_Reports *r) {
@@ -280,19 +276,23 @@ static int discard_report(lua_State *L) {
   return 0;
 }
 
-void mp_reports_discard(lua_State *L, mp_Reports *r, int n) {
+static void discard_rank(lua_State *L, mp_Reports *r, int rank) {
   static const mp_ReportKind kinds[] = {MP_REPORT_RESULT, MP_REPORT_ERROR};
-  int rank, k;
-  for (rank = 0; rank < n; rank++)
-    for (k = 0; k < 2; k++) {
-      mp_Report rep;
-      if (mp_reports_take(r, rank, kinds[k], &rep) <= 0) continue;
-      lua_pushcfunction(L, discard_report);           /* f */
-      lua_pushlightuserdata(L, &rep);                 /* f rep */
-      if (lua_pcall(L, 1, 0, 0) != LUA_OK)            /* [err] */
-        lua_pop(L, 1);  /* the message was not ours */  /* */
-      mp_report_free(&rep);
-    }
+  int k;
+  for (k = 0; k < 2; k++) {
+    mp_Report rep;
+    if (mp_reports_take(r, rank, kinds[k], &rep) <= 0) continue;
+    lua_pushcfunction(L, discard_report);             /* f */
+    lua_pushlightuserdata(L, &rep);                   /* f rep */
+    if (lua_pcall(L, 1, 0, 0) != LUA_OK)              /* [err] */
+      lua_pop(L, 1);  /* the message was not ours */  /* */
+    mp_report_free(&rep);
+  }
+}
+
+void mp_reports_discard(lua_State *L, mp_Reports *r, int n) {
+  int rank;
+  for (rank = 0; rank < n; rank++) discard_rank(L, r, rank);
 }
 
 /* --- exit records ------------------------------------------------------- */
@@ -325,5 +325,43 @@ void mp_reports_settle(lua_State *L, mp_Reports *r, int n) {
   int rank;
   if (r->fd < 0) return;
   for (rank = 0; rank < n; rank++)
-    mp_ledger_settle(L, r->fd, mp_reports_ledger_at(rank));
+    mp_ledger_settle(L, r->fd, mp_reports_ledger_at(rank),
+                     mp_array_give_back);
+}
+
+/* --- a slot used again --------------------------------------------------- */
+
+void mp_reports_shed(mp_Reports *r) {
+  close_fd(&r->peer);
+}
+
+int mp_reports_renew(mp_Reports *r) {
+  int sv[2];
+  if (r->peer >= 0 || r->fd < 0) return 0;
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+    return errno;
+  mp_reports_drain(r);  /* what the gone workers sent stays in the stash */
+  close_fd(&r->sock);
+  r->sock = sv[0];
+  r->peer = sv[1];
+  r->eof = 0;
+  return 0;
+}
+
+void mp_reports_clear(lua_State *L, mp_Reports *r, int rank) {
+  off_t slot = (off_t)rank * SLOT_SIZE;
+  size_t i, j;
+  if (r->fd < 0) return;
+  discard_rank(L, r, rank);
+  mp_ledger_settle(L, r->fd, mp_reports_ledger_at(rank), mp_array_give_back);
+  mp_reports_drain(r);  /* it has exited: all it sent is in the socket */
+  for (i = j = 0; i < r->nstash; i++)
+    if (r->stash[i].rank == rank)
+      close_fd(&r->stash[i].fd);  /* sent for a report it never wrote */
+    else
+      r->stash[j++] = r->stash[i];
+  r->nstash = j;
+  /* The ledger, the exit record and the report's header read as empty. */
+  fallocate(r->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, slot,
+            REPORT_AT + (off_t)sizeof(ReportHeader));
 }

@@ -91,8 +91,11 @@ void mp_array_give_back(lua_State *L, const char *name, int64_t n);
 void mp_ledger_open(lua_State *L, int fd, off_t at);
 /* This process took (+1) or gave back (-1) a reference on 'name'. */
 void mp_ledger_note(lua_State *L, const char *name, int delta);
-/* In the parent, the worker gone: gives back what its ledger lists. */
-void mp_ledger_settle(lua_State *L, int fd, off_t at);
+/* In the parent, the worker gone: hands each name its ledger lists, with
+** the references held, to 'give_back' (mp_array_give_back: the ledger
+** itself knows no kind of object). */
+typedef void (*mp_GiveBack)(lua_State *L, const char *name, int64_t n);
+void mp_ledger_settle(lua_State *L, int fd, off_t at, mp_GiveBack give_back);
 
 
 /* --- wait.c: waiting for another process (see the comment there) --- */

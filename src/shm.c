@@ -29,7 +29,6 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -231,7 +230,7 @@ static int random_bytes(void *p, size_t n) {
 static Tracker *get_tracker(lua_State *L) {
   Tracker *t;
   pid_t parent = getpid(), pid, job;
-  int st = 0;
+  siginfo_t si;
   void *m;
   lua_getfield(L, LUA_REGISTRYINDEX, JOB_KEY);                /* job */
   job = (pid_t)lua_tointeger(L, -1);
@@ -274,8 +273,7 @@ static Tracker *get_tracker(lua_State *L) {
     close_range(0, ~0U, 0);         /* it holds no pipe or socket open */
     tracker_main(t->t, parent, job);
   }
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+  if (mp_wait_child(pid, -1, &si, 0) != 0 || mp_exit_code(&si) != 0) {
     munmap(m, sizeof(TrackTable));
     t->t = NULL;
     luaL_error(L, "cannot start the shared memory tracker (fork failed)");

@@ -76,7 +76,7 @@ static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
     return mp_push_errno(L, "pipe", errno);
   /* Anything still buffered would otherwise be printed by every child. */
   fflush(NULL);
-  for (i = 0; i < ctx->nprocs && err == 0; i++) {
+  for (i = ctx->first; i < ctx->last && err == 0; i++) {
     mp_Worker *w = &ctx->workers[i];
     pid_t pid = fork();
     if (pid < 0) {
@@ -101,7 +101,7 @@ static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
     setpgid(pid, pid);  /* also here: we may signal the group before the
                            child has run a single instruction */
     w->pid = pid;
-    ctx->started = i + 1;
+    mp_started(ctx, i);
     w->pidfd = pidfd_open(pid, 0);
     if (w->pidfd < 0) {
       err = mp_push_errno(L, "pidfd_open", errno);

@@ -38,9 +38,9 @@ static int spawn_launch(lua_State *L, mp_Context *ctx, int exe,
       return mp_push_errno(L, "pipe", errno);
     fds[nfds] = hello[1];          /* worker 0's, after the others */
   }
-  for (i = 0; i < ctx->nprocs && err == 0; i++) {
+  for (i = ctx->first; i < ctx->last && err == 0; i++) {
     mp_Worker *w = &ctx->workers[i];
-    int says_hello = i == 0 && hello[1] >= 0;
+    int says_hello = i == ctx->first && hello[1] >= 0;
     char *argv[4], **envp, call[112];
     snprintf(call, sizeof call, "_spawn_main(%d,%ld,%d,%d,%d)", i,
              (long)parent, nfds - MP_WFD_NFIXED,
@@ -49,7 +49,7 @@ static int spawn_launch(lua_State *L, mp_Context *ctx, int exe,
     err = mp_launch(L, path, argv, envp, fds, nfds + says_hello, &w->pid,
                     &w->pidfd);                           /* ... envp [msg] */
     if (err == 0) {
-      ctx->started = i + 1;
+      mp_started(ctx, i);
       lua_pop(L, 1);                                      /* ... */
     }
   }

@@ -181,10 +181,14 @@ static void push_error_text(lua_State *L, int idx) {
 ** The traceback comes first so that the report ends with the message, as a
 ** Python traceback does. */
 static int make_report(lua_State *L) {
-  lua_createtable(L, 0, 2);
+  lua_createtable(L, 0, 3);
   lua_pushvalue(L, 1);
   lua_setfield(L, -2, "value");
   luaL_traceback(L, L, NULL, 1);
+  /* where the traceback ends: the parent gives e.traceback and e.message
+  ** apart without reading the text */
+  lua_pushinteger(L, (lua_Integer)lua_rawlen(L, -1));
+  lua_setfield(L, -3, "tb");
   lua_pushliteral(L, "\n");
   push_error_text(L, 1);
   lua_concat(L, 3);
@@ -199,6 +203,12 @@ static void cap_text(lua_State *L, int report) {
   text = lua_tolstring(L, -1, &len);
   if (text != NULL && len > ERROR_TEXT_MAX) {
     size_t keep = ERROR_TEXT_MAX / 2;
+    lua_getfield(L, report, "tb");
+    if (lua_tointeger(L, -1) >= (lua_Integer)keep) {  /* cut: no traceback */
+      lua_pushnil(L);
+      lua_setfield(L, report, "tb");
+    }
+    lua_pop(L, 1);
     lua_pushlstring(L, text, keep);
     lua_pushfstring(L, "\n\n[... %I bytes of this error report omitted ...]\n\n",
                     (lua_Integer)(len - 2 * keep));

@@ -25,7 +25,7 @@ M._VERSION = core._VERSION
 -- Processes: starting, joining, the handles of the workers.
 -- src/context.c, src/join.c, src/worker.c, src/start_*.c;
 -- spec/core_spec.lua, spec/results_spec.lua, spec/repl_spec.lua.
-export { "start_processes", "spawn", "ProcessContext" }
+export { "start_processes", "spawn", "ProcessContext", "get_all_start_methods" }
 
 -- Processes with different jobs: mp.Process, waiting on whichever object
 -- is ready, results as they finish; the processes this one started and
@@ -89,15 +89,20 @@ M.world = require("multiprocessing.world").world
 export { "cpu_count", "TimeoutError" }
 
 local start_method = "spawn"
-local start_methods = { fork = true, spawn = true, forkserver = true }
 
+-- The start methods are listed once, in C (src/context.c).
 function M.set_start_method(name)
-  if not start_methods[name] then
-    error(("bad argument #1 to 'set_start_method' (unknown start method "
-           .. "'%s'; expected \"fork\", \"spawn\" or \"forkserver\")")
-          :format(tostring(name)), 2)
+  local names = core.get_all_start_methods()
+  for _, known in ipairs(names) do
+    if name == known then
+      start_method = name
+      return
+    end
   end
-  start_method = name
+  for i, known in ipairs(names) do names[i] = ('"%s"'):format(known) end
+  local expected = table.concat(names, ", ", 1, #names - 1) .. " or " .. names[#names]
+  error(("bad argument #1 to 'set_start_method' (unknown start method "
+         .. "'%s'; expected %s)"):format(tostring(name), expected), 2)
 end
 
 function M.get_start_method(...)

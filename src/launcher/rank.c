@@ -11,10 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "launcher.h"
+#include "../proc.h"
 
 /* _rank_stdio(stdin|nil, stdout, stderr, linebuf): the Fds become
 ** descriptors 0, 1 and 2 (closed under their old numbers); with 'linebuf'
@@ -49,12 +49,6 @@ static int l_setenv(lua_State *L) {
   return 0;
 }
 
-static pid_t wait_child(pid_t pid, int *status) {
-  pid_t r;
-  while ((r = waitpid(pid, status, 0)) < 0 && errno == EINTR) {}
-  return r;
-}
-
 /* _run_program({prog, args...}): runs the program as the worker's child in
 ** the worker's process group, and leaves as it did: with its exit code,
 ** or killed by its signal.  The worker stays, ignoring SIGINT, SIGTERM and
@@ -63,7 +57,8 @@ static pid_t wait_child(pid_t pid, int *status) {
 ** started.  Raises when the program cannot be run; else never returns. */
 static int l_run_program(lua_State *L) {
   static const int passed[] = {SIGINT, SIGTERM, SIGHUP};
-  int n, i, status, err = 0, errpipe[2];
+  int n, i, code, err = 0, errpipe[2];
+  siginfo_t si;
   char **argv;
   sigset_t all, old;
   pid_t pid;
@@ -98,7 +93,7 @@ static int l_run_program(lua_State *L) {
     signal(passed[i], SIG_IGN);
   sigprocmask(SIG_SETMASK, &old, NULL);
   if (pid > 0 && read(errpipe[0], &err, sizeof err) == (ssize_t)sizeof err)
-    wait_child(pid, &status);
+    mp_wait_child(pid, -1, &si, 0);
   else if (pid > 0)
     err = 0;
   close(errpipe[0]);
@@ -106,9 +101,10 @@ static int l_run_program(lua_State *L) {
     lua_pushfstring(L, "cannot run %s: %s", argv[0], strerror(err));
     return lua_error(L);
   }
-  if (wait_child(pid, &status) < 0) _exit(127);
-  if (WIFSIGNALED(status)) {
-    int sig = WTERMSIG(status);
+  if (mp_wait_child(pid, -1, &si, 0) < 0) _exit(127);
+  code = mp_exit_code(&si);  /* proc.c, compiled in */
+  if (code < 0) {
+    int sig = -code;
     sigset_t one;
     signal(sig, SIG_DFL);
     sigemptyset(&one);
@@ -117,7 +113,7 @@ static int l_run_program(lua_State *L) {
     raise(sig);
     _exit(128 + sig);
   }
-  _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 127);
+  _exit(code);
 }
 
 void lnc_open_rank(lua_State *L) {
