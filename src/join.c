@@ -714,13 +714,20 @@ static void settle(lua_State *L, mp_Context *ctx, int ctxidx) { /* outcome */
   mp_payload_release(L, ctxidx);
 }
 
+/* Protected: raises the join's mp.Interrupted (exception.c), which the
+** caller keeps as the outcome that every later join raises again. */
+static int raise_interrupted(lua_State *L) {
+  return mp_raise_interrupt(L, "ProcessContext.join",
+                            "every worker was terminated and reaped");
+}
+
 /* Every worker reaped: the outcome is the results (uv.results), a result
 ** that cannot be received, an interrupt, or the first failure. */
 static void finish_join(lua_State *L, mp_Context *ctx, int ctxidx) {
   int top = mp_stack_top(L), failed = first_failure(ctx);
   if (ctx->interrupted) {
-    lua_pushliteral(L, "interrupted! (SIGINT during join: every worker was "
-                       "terminated and reaped)");     /* msg */
+    lua_pushcfunction(L, raise_interrupted);
+    lua_pcall(L, 0, 0, 0);                            /* e */
   } else if (failed >= 0) {
     push_failure(L, ctx, failed);                     /* e */
   } else {  /* all exited 0, or ctx:terminate() ended them */
