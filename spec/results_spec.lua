@@ -208,7 +208,8 @@ for _, method in ipairs(H.methods) do
       assert.matches("process 0 %(pid %d+%)", e.msg)
       assert.matches("result", e.msg)
       assert.matches("results_spec_worker_only", e.msg)
-      assert.are.equal(e.msg, tostring(e))
+      assert.are.equal("ProcessException: " .. e.msg, tostring(e))  -- its type first
+      assert.are.equal("result", e.kind)
       -- the same exception again, from join and results
       local ok2, e2 = pcall(ctx.join, ctx)
       assert.is_false(ok2)
