@@ -316,7 +316,8 @@ describe("the man pages", function()
                             "apply_async", "mp.TimeoutError", "mprun(1)", "mp.world()", "mp.Queue", "mp.Array",
                             "lmp_worker_main", "set_executable", "LUA_MP_NO_PIDFD_EXIT_INFO",
                             "mp.Process", "mp.wait", "mp.as_completed", "mp.Interrupted", "pool:submit",
-                            "ar:cancel", "interrupted: SIGINT during Pool.map" } do
+                            "ar:cancel", "interrupted: SIGINT during Pool.map", "ctx:terminate", "ctx:poll()",
+                            "ctx:restart", "e.kind" } do
       assert.truthy(text:find(name, 1, true), name)
     end
   end)
