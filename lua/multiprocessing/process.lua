@@ -40,18 +40,13 @@ local function check_timeout(fname, i, v, level)
   return v < 0 and 0 or v
 end
 
-local function start_methods()
-  if core.get_all_start_methods then return core.get_all_start_methods() end
-  return { "fork", "spawn", "forkserver" }
-end
-
 local function check_method(fname, i, name, level)
-  for _, m in ipairs(start_methods()) do
+  local known = core.get_all_start_methods()
+  for _, m in ipairs(known) do
     if m == name then return name end
   end
   argerror(fname, i, ("unknown start method '%s' (expected one of: %s)")
-           :format(tostring(name), table.concat(start_methods(), ", ")),
-           level + 1)
+           :format(tostring(name), table.concat(known, ", ")), level + 1)
 end
 
 ---------------------------------------------------------------------------
@@ -229,13 +224,12 @@ function methods:start()
 end
 
 -- The join (or join(0)) that found the worker gone: its outcome.  A death
--- we caused (terminate, kill) is not a failure of the job.
+-- we caused (ctx:terminate) is no failure: join returns true, with no
+-- results to read.
 local function settle(self, ok, v)
   if ok then
-    self._result = self._ctx:results()[1]
-  elseif isinstance(v, core.ProcessExitedException) and self._signalled
-         and (v.exit_code or 0) < 0 then
-    self._result = nil
+    local got, results = pcall(self._ctx.results, self._ctx)
+    self._result = got and results[1] or nil
   else
     self._error = v
   end
@@ -291,18 +285,19 @@ function methods:error()
   return self._error
 end
 
-local function signal(self, fname, how)
+-- The engine's termination (ctx:terminate): SIGTERM now, SIGKILL once
+-- 'grace' seconds have passed (advanced by join), never blocking.
+local function signal(self, fname, grace)
   started(self, fname)
-  local h = self._h
-  if self._done or not h:is_alive() then return end
-  self._signalled = true
-  h[how](h)
+  if self._done or not self._h:is_alive() then return end
+  self._ctx:terminate(grace)
 end
 
---- p:terminate(), p:kill(): SIGTERM, SIGKILL to the process and its
--- group; nothing once it has ended.  The death they cause is no failure.
-function methods:terminate() signal(self, "Process.terminate", "terminate") end
-function methods:kill() signal(self, "Process.kill", "kill") end
+--- p:terminate(): SIGTERM (and SIGCONT) to the process and its group, and
+-- SIGKILL 30 s later if it still runs; p:kill(): SIGKILL now.  Nothing
+-- once it has ended.  The death they cause is no failure.
+function methods:terminate() signal(self, "Process.terminate", nil) end
+function methods:kill() signal(self, "Process.kill", 0) end
 
 --- p:fileno() (p.sentinel): a descriptor readable once the process has
 -- ended; valid until p:close() or collection.
