@@ -475,7 +475,7 @@ end
 --- Starts (or restarts) a rank: its streams, then its worker.
 function Run:start(rank)
   local o = self.o
-  rank.sources, rank.stopping, rank.timed_out, rank.kill_at = {}, false, false, nil
+  rank.sources, rank.stopping, rank.timed_out = {}, false, false
   local job = {
     env = self:env(rank), program = o.program, script = o.script,
     code = o.code, args = o.args, arg = self.arg, linebuf = self.linebuf,
@@ -520,33 +520,34 @@ function Run:start_all()
   end
 end
 
---- SIGTERM or SIGKILL to the rank's worker and its process group (the
--- process handle's terminate/kill); one that has just exited is left to
--- the loop.
-local function signal_rank(rank, sig)
-  local p = rank.ctx.processes[1]
-  pcall(sig == "SIGKILL" and p.kill or p.terminate, p)
+--- Ends a rank through the engine: ctx:terminate(grace) sends SIGTERM (and
+-- SIGCONT) to the worker and its process group now and SIGKILL once the
+-- grace has passed (0: now); the context's fileno() wakes the loop for each
+-- step.  mprun keeps no timing of its own: only which rank ends, and why.
+local function end_rank(self, rank, kill)
+  rank.stopping = true
+  rank.ctx:terminate(kill and 0 or self.o.grace_period)
 end
 
---- SIGTERM (or 'sig') to every running rank, SIGKILL after the grace.
--- A rank that has already exited is left for the loop to judge: it failed
--- (or not) on its own, before we signalled it.
+--- SIGTERM (SIGKILL with 'sig' "SIGKILL") to every running rank, through
+-- the engine.  A rank that has already exited is left for the loop to
+-- judge: it failed (or not) on its own, before we ended it.  Returns how
+-- many ranks were ended.
 function Run:teardown(sig)
   local n = 0
   for _, rank in ipairs(self.ranks) do
     if rank.ctx and (not rank.stopping or sig == "SIGKILL") then
       if rank.ctx.processes[1]:is_alive() then
         n = n + 1
-        rank.stopping = true
-        signal_rank(rank, sig or "SIGTERM")
+        end_rank(self, rank, sig == "SIGKILL")
       else
         self.dead[#self.dead + 1] = rank
       end
     end
   end
   self.tearing = true
-  if sig ~= "SIGKILL" and not self.kill_at then
-    self.kill_at = core._now() + self.o.grace_period
+  if sig ~= "SIGKILL" and not self.kill_shown then
+    self.kill_shown = core._now() + self.o.grace_period   -- the countdown shown only
   end
   return n
 end
@@ -642,14 +643,15 @@ end
 --- A rank's worker exited: reap it, take its last output, decide.
 function Run:exited(rank)
   local ok, e = pcall(rank.ctx.join, rank.ctx, 0)
-  if ok and e == false then return end   -- not yet (spurious wake-up)
+  if ok and e == false then return end   -- not yet (an engine step, or spurious)
   for _, id in ipairs(rank.sources) do self.relay:drain(id) end
   rank.ctx:close(0)
   rank.ctx = nil
   self.fds[rank.r + 1] = false
-  if ok then
-    rank.state = "done"
-    self:event { event = "exited", rank = rank.global, attempt = rank.restarts, exit_code = 0 }
+  if ok and not rank.timed_out then   -- exit 0, or ended by ctx:terminate
+    rank.state = rank.stopping and "stopped" or "done"
+    self:event { event = "exited", rank = rank.global, attempt = rank.restarts,
+                 terminated = rank.stopping }
     return
   end
   if rank.stopping and not rank.timed_out then
@@ -684,10 +686,6 @@ end
 
 --- Checks the deadlines: the grace period, --timeout.
 function Run:tick(now)
-  if self.kill_at and now >= self.kill_at then
-    self.kill_at = nil
-    self:teardown("SIGKILL")
-  end
   local limit = self.o.timeout
   if not limit then return end
   if self.o.restart == "group" then
@@ -704,13 +702,7 @@ function Run:tick(now)
   for _, rank in ipairs(self.ranks) do
     if rank.ctx and not rank.stopping and now - rank.started >= limit then
       rank.timed_out = true
-      rank.stopping = true
-      signal_rank(rank, "SIGTERM")
-      rank.kill_at = now + self.o.grace_period
-    end
-    if rank.ctx and rank.kill_at and now >= rank.kill_at then
-      rank.kill_at = nil
-      signal_rank(rank, "SIGKILL")
+      end_rank(self, rank)
     end
   end
 end
@@ -718,7 +710,6 @@ end
 --- The next moment the loop must wake up for, as a timeout (-1: none).
 function Run:next_wake(now)
   local t = math.huge
-  if self.kill_at then t = math.min(t, self.kill_at) end
   if self.o.timeout then
     if self.o.restart == "group" then
       if not self.timed_out and not self.tearing then
@@ -726,7 +717,6 @@ function Run:next_wake(now)
       end
     else
       for _, rank in ipairs(self.ranks) do
-        if rank.kill_at then t = math.min(t, rank.kill_at) end
         if rank.ctx and not rank.stopping then
           t = math.min(t, rank.started + self.o.timeout)
         end
@@ -746,9 +736,10 @@ function Run:draw_status(now)
   local text = ("mprun %s: %d running, %d done, %d failed, %d restarts, %.1fs")
     :format(self.o.run_id, count.running, count.done, count.failed + count.stopped,
             self.restarts, now - self.t0)
-  if self.signal and self.kill_at then
+  if self.signal and self.kill_shown then
     text = ("mprun %s: %s: %d running, SIGKILL in %d s")
-      :format(self.o.run_id, self.signal, count.running, math.ceil(self.kill_at - now))
+      :format(self.o.run_id, self.signal, count.running,
+              math.max(0, math.ceil(self.kill_shown - now)))
   end
   self.relay:status(text)
 end
@@ -776,7 +767,7 @@ function Run:attempt_over()
     self.attempt = self.attempt + 1
     self.restarts = self.restarts + 1
     self:event { event = "restart", scope = "group", attempt = self.attempt }
-    self.kill_at, self.timed_out, self.tearing = nil, false, false
+    self.kill_shown, self.timed_out, self.tearing = nil, false, false
     self.attempt_started = core._now()
     self:start_all()
     return false
