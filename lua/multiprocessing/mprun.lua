@@ -65,7 +65,8 @@ stderr as it happens; with --log-dir, a failed rank's error.json and the
 run's events.jsonl are kept beside the logs.
 ]]
 
-local START_METHODS = { spawn = true, forkserver = true, fork = true }
+local START_METHODS = {}   -- the one list, in C
+for _, name in ipairs(core.get_all_start_methods()) do START_METHODS[name] = true end
 local SIGNAL_NAME = {}
 for name, num in pairs(core.signals) do SIGNAL_NAME[num] = name end
 local STATUS_PERIOD = 0.2          -- at most 5 status lines a second
@@ -253,7 +254,8 @@ local function check(o)
   end
   o.start_method = o.start_method or "spawn"
   if not START_METHODS[o.start_method] then
-    usage_error("--start-method must be spawn, forkserver or fork, got '%s'", o.start_method)
+    usage_error("--start-method must be one of %s, got '%s'",
+                table.concat(core.get_all_start_methods(), ", "), o.start_method)
   end
   o.max_restarts = integer("--max-restarts", o.max_restarts or "0", 0)
   o.restart = o.restart or "group"
