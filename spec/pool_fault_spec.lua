@@ -411,3 +411,58 @@ print("done")
     end)
   end)
 end
+
+-- terminate(): every worker gets SIGTERM at once and SIGKILL one grace (1 s)
+-- later from the engine, so 8 workers that ignore SIGTERM take about one
+-- grace, not eight.  The bound (3 graces) leaves room for a loaded machine.
+for _, method in ipairs(H.methods) do
+  describe("mp.Pool:terminate, start method " .. method .. ":", function()
+    H.leak_check(before_each, after_each)
+
+    it("ends 8 workers that ignore SIGTERM in about one grace, not eight", function()
+      local out = run([[
+local dir = os.tmpname()
+os.remove(dir)
+os.execute("mkdir " .. dir)
+assert(os.execute("cc -std=c99 -shared -fPIC -o " .. dir .. "/sigtool.so spec/host/sigtool.c "
+                  .. "$(pkg-config --cflags lua5.4)"))
+local mp = require "multiprocessing"
+local now = require("multiprocessing.core")._now
+local pool = mp.Pool(8, { start_method = "%s", initargs = { dir }, initializer = function(d)
+  package.cpath = d .. "/?.so;" .. package.cpath
+  assert(require("sigtool").ignore_term())
+  local pid = io.open("/proc/self/stat"):read("a"):match("^%d+")
+  io.open(d .. "/pid." .. pid, "w"):close()
+end })
+-- every worker has run its initializer
+local n = 0
+for _ = 1, 3000 do
+  n = 0
+  for name in io.popen("ls " .. dir):lines() do
+    if name:match("^pid%.") then n = n + 1 end
+  end
+  if n == 8 then break end
+  os.execute("sleep 0.01")
+end
+print("ready", n)
+local t0 = now()
+pool:terminate()
+local took = now() - t0
+print("within 3 graces", took < 3, took)
+for name in io.popen("ls " .. dir):lines() do
+  local pid = name:match("^pid%.(%d+)$")
+  if pid and io.open("/proc/" .. pid .. "/stat") then
+    local state = io.open("/proc/" .. pid .. "/stat"):read("a"):match("%) (%a)")
+    if state ~= "Z" then print("alive", pid) end
+  end
+end
+os.execute("rm -rf " .. dir)
+print("done")
+]], method, 120)
+      assert.truthy(out:find("ready\t8\n", 1, true), out)
+      assert.truthy(out:find("within 3 graces\ttrue", 1, true), out)
+      assert.falsy(out:find("alive", 1, true), out)
+      assert.truthy(out:find("done\nrc=0\n", 1, true), out)
+    end)
+  end)
+end

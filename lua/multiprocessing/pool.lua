@@ -460,7 +460,7 @@ end
 function Pool:_unsent(w, job, first, n, err)
   if core.isinstance(err, core.Interrupted) then self:_interrupted() end
   w.fns, w.nfns, w.reset = {}, 0, true
-  local dead = not w.proc:is_alive()
+  local dead = S.ended(w) ~= nil
   for pos = first, first + n - 1 do
     if dead then
       push(self.redo, { job = job, pos = pos })
@@ -876,8 +876,10 @@ end
 function Pool:terminate()
   if self.state == "terminate" or self.state == "joined" then return end
   self.state = "terminate"
+  -- every worker gets its SIGTERM now and its SIGKILL one grace later,
+  -- from the engine: the whole pool ends in about one grace
   for _, w in S.all_workers(self) do
-    if w.ctx then pcall(w.proc.terminate, w.proc) end
+    if w.ctx then w.ctx:terminate(TERM_GRACE) end
   end
   for _, w in S.all_workers(self) do
     if w.ctx then

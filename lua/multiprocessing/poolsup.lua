@@ -4,9 +4,11 @@
 -- retrying the task it was running, and starting another in its place.
 --
 -- Each worker is a ProcessContext of one process (start_processes with the
--- pool's start method, join = false), so one worker can be killed and
+-- pool's start method, join = false), so one worker can be ended and
 -- replaced without touching the others, and dies with the parent like any
--- worker.  Its body is poolworker.worker, configured by one table.
+-- worker.  Its body is poolworker.worker, configured by one table.  The
+-- pool decides which worker ends and which task fails or runs again; every
+-- signal and wait is the engine's (ctx:terminate(grace), ctx:poll()).
 local core = require "multiprocessing.core"
 local W = require "multiprocessing.poolworker"
 local F = require "multiprocessing.fifo"
@@ -22,7 +24,8 @@ local pcall = pcall
 
 M.SLICE = 0.05             -- seconds between looks at the workers
 local SLICE = M.SLICE
-local KILL_GRACE = 0.5     -- SIGTERM, then SIGKILL after this long
+local KILL_GRACE = 0.5     -- the grace the engine gives a worker ended for
+                           -- its timeout: SIGTERM, SIGKILL this long after
 local STUCK = 0.5          -- a worker's untaken messages move after this long
 
 local function mp_isinstance(v, tname)
@@ -52,8 +55,7 @@ function M.new_worker(pool, slot)
     q:close()
     error(ctx, 0)
   end
-  local w = { slot = slot, ctx = ctx, proc = ctx.processes[1], q = q,
-              pid = ctx.processes[1].pid, inflight = {}, nmsg = 0,
+  local w = { slot = slot, ctx = ctx, q = q, pid = ctx:pids()[1], inflight = {}, nmsg = 0,
               assigned = 0, size = 1, fns = {}, nfns = 0,
               seen = 0, since = now() }
   pool.workers[slot] = w
@@ -109,12 +111,26 @@ function Pool:_killed(job, pos, w, code, timeout)
   self:_settle(job, pos, false, e)
 end
 
--- Ends worker 'w' (SIGTERM, 'grace' seconds, SIGKILL) and its queue.  The
+-- The end of worker 'w' as the engine reported it (ctx:poll(): its event,
+-- with exitcode and signal), or nil while it runs.  Polling also advances
+-- an ending the engine is carrying out (SIGKILL once the grace is over).
+local function ended(w)
+  if not w.ended then w.ended = w.ctx:poll()[1] end
+  return w.ended
+end
+M.ended = ended
+
+-- Ends worker 'w' and its queue: the engine sends SIGTERM and SIGKILL after
+-- 'grace' seconds (0: SIGKILL now), and the worker is reaped.  The
 -- messages it never took are read here: what they hold (file_system
 -- references of arrays) is given back when they are collected, not lost
 -- with the queue.
 function M.retire(w, grace)
-  w.ctx:close(grace)
+  if not ended(w) then
+    w.ctx:terminate(grace)
+    pcall(w.ctx.join, w.ctx)
+  end
+  w.ctx:close()
   local q = w.q
   while q:qsize() > 0 do
     local ok, msg = pcall(q.get, q, 0)
@@ -134,7 +150,7 @@ function Pool:_lost(w)
   -- waiting: a full queue has writers enough).
   pcall(self.results.put, self.results, false, 0)
   self:_drain()
-  local code = w.proc.exitcode
+  local code = ended(w).exitcode
   local ok, err = pcall(w.ctx.join, w.ctx, 0)
   local rec, k = running_item(self, w)
   local mids = {}
@@ -273,24 +289,18 @@ local function watch_waiting(self, w, t, v)
   w.waiting = w.waiting or t
   local waited = t - w.waiting
   if self.timeout and waited > self.timeout and (v < 0 or stopped(w.pid)) then
-    w.killing = { at = t }
-    pcall(w.proc.terminate, w.proc)
+    w.killing = {}
+    w.ctx:terminate(KILL_GRACE)
   elseif w.nmsg > 0 and waited > STUCK and other_ready(self, w) then
     w.stuck = true
     take_back(self, w)
   end
 end
 
--- A live worker: killed after its grace when it is being killed, else
--- terminated when its task has run past its timeout.
+-- A live worker: ended (by the engine) when its task has run past its
+-- timeout.
 local function watch(self, w, t)
-  if w.killing then
-    if t - w.killing.at > KILL_GRACE and not w.killing.kill then
-      w.killing.kill = true
-      pcall(w.proc.kill, w.proc)
-    end
-    return
-  end
+  if w.killing then return end   -- the engine is ending it
   local v = self.cur:get(w.slot)
   if v ~= w.seen then
     w.seen, w.since, w.waiting, w.stuck = v, t, nil, nil
@@ -303,8 +313,8 @@ local function watch(self, w, t)
   local limit = job.kind == "apply" and job.timeouts[pos] or job.timeout
                 or self.timeout
   if limit and t - w.since > limit then
-    w.killing = { at = t, timeout = limit }
-    pcall(w.proc.terminate, w.proc)
+    w.killing = { timeout = limit }
+    w.ctx:terminate(KILL_GRACE)
   end
 end
 
@@ -329,11 +339,11 @@ end
 local function reap_retiring(self)
   local r, keep = self.retiring, {}
   for _, w in ipairs(r) do
-    if w.proc:is_alive() then
-      keep[#keep + 1] = w
-    else
+    if ended(w) then
       pcall(w.ctx.join, w.ctx, 0)
       M.retire(w, 0)
+    else
+      keep[#keep + 1] = w
     end
   end
   self.retiring = keep
@@ -348,7 +358,7 @@ function Pool:_check()
   for _, w in ipairs(self.workers) do
     if not w.ctx then
       if w.start_fails and self.state ~= "terminate" then self:_restart(w) end
-    elseif not w.proc:is_alive() then
+    elseif ended(w) then
       self:_lost(w)
     else
       watch(self, w, t)
@@ -368,12 +378,14 @@ function M.stop_all(self)
     local live
     for _, w in M.all_workers(self) do
       if w.ctx then
-        if not w.proc:is_alive() then
+        if ended(w) then
           pcall(w.ctx.join, w.ctx, 0)
           M.retire(w, 0)
         elseif self.timeout and now() - t0 > self.timeout
-            and w.q:qsize() > 0 then
-          M.retire(w, KILL_GRACE)
+            and w.q:qsize() > 0 and not w.killing then
+          w.killing = {}
+          w.ctx:terminate(KILL_GRACE)
+          live = live or w
         else
           live = live or w
         end
