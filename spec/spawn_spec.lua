@@ -459,3 +459,85 @@ describe("a spawned worker's command line", function()
     assert.is_nil(args:find("package.cpath", 1, true), args)
   end)
 end)
+
+-- Issue 20, item 3: a worker that closes its inherited descriptors (3..30,
+-- as daemon-style code does), dup2s over them, or blocks or ignores
+-- SIGRTMAX-2 does not outlive its SIGKILLed parent, nor does anything in its
+-- process group (a `sleep` it started), under every start method.  The
+-- parent is a lua5.4 child that starts the worker and is SIGKILLed.
+describe("a worker cannot outlive its SIGKILLed parent", function()
+  local DIR = os.tmpname()
+  os.remove(DIR)
+  os.execute("mkdir -p " .. DIR)
+  setup(function()
+    local out = H.sh(("cc -shared -fPIC %s -o %s/spec_detachtool.so spec/host/detachtool.c 2>&1"):format(
+      H.sh("pkg-config --cflags lua5.4"):gsub("\n", ""), DIR))
+    assert(out == "", out)
+  end)
+  teardown(function()
+    os.remove(DIR .. "/spec_detachtool.so")
+    os.remove(DIR)
+  end)
+
+  local cases = {
+    ["closes descriptors 3..30"] = "t.close_range(3, 30)",
+    ["dup2s over descriptors 3..30"] = "t.dup2_over(3, 30)",
+    ["blocks SIGRTMAX-2"] = "t.block(2)",
+    ["ignores SIGRTMAX-2"] = "t.ignore(2)",
+    ["does nothing special"] = "",
+  }
+  local serial = 0
+  for _, method in ipairs(H.methods) do
+    for name, action in pairs(cases) do
+      it(method .. ": one that " .. name, function()
+        serial = serial + 1
+        local marker = ("431.%d%d"):format(serial, math.random(100000, 999999))
+        local child = H.run_child(([[
+          package.cpath = %q .. "/?.so;" .. package.cpath
+          local mp = require "multiprocessing"
+          local ctx = mp.start_processes(function(_, marker)
+            local t = require "spec_detachtool"
+            %s
+            os.execute("sleep " .. marker)
+          end, { %q }, 1, false, false, %q)
+          announce(ctx:pids())
+          ctx:join()
+        ]]):format(DIR, action, marker, method), { stderr = false })
+        local pids = child:pids()
+        local worker = pids[2]
+        -- the worker's sleep runs: then the parent goes
+        assert.is_true(H.eventually(function()
+          return H.sh("env -u LD_PRELOAD pgrep -f '^sleep " .. marker .. "' || true") ~= ""
+        end, 20))
+        child:kill("KILL")
+        child:wait()
+        local gone = H.eventually(function()
+          return H.sh("env -u LD_PRELOAD pgrep -f '^sleep " .. marker .. "' || true") == ""
+                 and not H.alive(worker)
+        end, 10)
+        os.execute("pkill -KILL -f '^sleep " .. marker .. "'")
+        assert.is_true(gone, "the worker or its sleep outlived the parent")
+      end)
+    end
+  end
+end)
+
+-- Issue 19, item 5: a worker's traceback names the user's functions and
+-- chunks (`train.lua:5: in function 'step'`), not the library's locals.
+describe("a worker's traceback", function()
+  H.leak_check(before_each, after_each)
+
+  for _, method in ipairs(H.methods) do
+    it("names the user's function under " .. method, function()
+      local function step() error("loss is NaN") end
+      local function train() step() end
+      local ok, e = pcall(mp.start_processes, train, {}, 1, true, false, method)
+      assert.is_false(ok)
+      local tb = e.traceback or tostring(e)
+      assert.matches("spawn_spec%.lua:%d+: in function 'step'", tb)
+      assert.is_nil(tb:find("in upvalue", 1, true), tb)
+      assert.is_nil(tb:find("in local", 1, true), tb)
+      assert.is_nil(tb:find("multiprocessing/", 1, true), tb)
+    end)
+  end
+end)

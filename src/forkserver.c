@@ -63,6 +63,10 @@ typedef struct Request {
   int32_t first;
   int32_t parent;      /* the user process: the workers' parent */
   uint32_t nfds;       /* mp_worker_fds: MP_WFD_NFIXED, then the codec's */
+  uint32_t main_thread;  /* the server was started by the parent's main
+                            thread, the workers' parent (CLONE_PARENT) for
+                            PR_SET_PDEATHSIG */
+  uint32_t pad;
 } Request;
 
 typedef struct Reply {
@@ -170,6 +174,7 @@ static void worker_child(lua_State *sub, const Job *job, int rank)
 static void worker_child(lua_State *sub, const Job *job, int rank) {
   const Robust *rb = job->rb;
   mp_ReportTo to;
+  mp_Detach d;
   if (rb->head != NULL) {
     /* As glibc's fork does: the child owns none of the server's mutexes
     ** (the server holds, e.g., its peer slots of the channels it decoded),
@@ -184,11 +189,14 @@ static void worker_child(lua_State *sub, const Job *job, int rank) {
   close(job->sock);
   close(job->fds[MP_WFD_PAYLOAD]);
   /* our parent is the user's */
-  mp_worker_detach((pid_t)job->rq->parent, job->fds[MP_WFD_LIFELINE]);
+  mp_detach_fresh(&d, (pid_t)job->rq->parent, job->fds[MP_WFD_LIFELINE],
+                  (int)job->rq->main_thread);
+  d.handled = 0;   /* the server has no handler (SIGINT: see main) */
+  mp_worker_detach(&d, 0);
   job->fds[MP_WFD_LIFELINE] = -1;
   to.fd = job->fds[MP_WFD_REPORTS];
   to.sock = job->fds[MP_WFD_RSOCK];
-  mp_worker_run(sub, 1, 2, rank, job->rq->nprocs, &to);
+  mp_worker_run(sub, 1, 2, rank, job->rq->nprocs, &to, &d);
 }
 
 /* Protected, in the request's own state: the payload -> fn, args. */
@@ -299,6 +307,7 @@ typedef struct Server {
   int pidfd;
   pid_t pid;
   pid_t owner;         /* the process that started it (fork copies this) */
+  int main_thread;     /* started by the owner's main thread */
 } Server;
 
 /* Kills and reaps the server; returns how it ended, as join.c counts exit
@@ -378,6 +387,7 @@ static int server_start(lua_State *L, Server *s, int si, int ei) {
   s->pidfd = pidfd;
   s->pid = pid;
   s->owner = getpid();
+  s->main_thread = syscall(SYS_gettid) == s->owner;
   if ((err = mp_await_hello(L, s->sock, lua_tostring(L, ei))) != 0) {
     server_stop(s);
     return err;
@@ -408,6 +418,8 @@ static int send_request(Server *s, mp_Context *ctx, const int *fds,
   rq.first = ctx->first;
   rq.parent = (int32_t)getpid();
   rq.nfds = (uint32_t)nfds;
+  rq.main_thread = (uint32_t)s->main_thread;
+  rq.pad = 0;
   return send_msg(s->sock, &rq, sizeof rq, fds, (size_t)nfds);
 }
 

@@ -331,12 +331,32 @@ int  mp_raise_interrupt(lua_State *L, const char *call, const char *done);
 /* The most values fn(i, ...) may be given after i. */
 #define MP_MAX_ARGS 100000
 
-/* worker.c, in the child: joins its own process group, dies with the parent
-** process (exits at once if the parent is already gone) -- 'lifeline' is the
-** worker's copy of the read end of the context's lifeline pipe --, resets
-** SIGINT/SIGTERM and unblocks every signal. */
-void mp_worker_detach(pid_t parent, int lifeline);
-/* The parent: the lifeline pipe of a new context; 0 or errno. */
+/* worker.c: what a worker's start needs to know of its parent, learnt
+** by the parent once per context (mp_detach_learn, before it forks) or
+** given to a fresh worker (mp_detach_fresh). */
+typedef struct mp_Detach {
+  pid_t parent;       /* the parent process: getppid must say so */
+  pid_t self;         /* the worker, once mp_worker_detach has run */
+  int lifeline;       /* the worker's copy of the lifeline's read end */
+  int main_thread;    /* started by the parent's main thread: its
+                         PR_SET_PDEATHSIG follows the process */
+  int threads;        /* the parent's threads (0: unknown) */
+  int blocked;        /* the starting thread blocks some signal */
+  int records;        /* the kernel keeps no status on pidfds (or the
+                         specs say so): record fatal signals too */
+  unsigned long long handled;  /* bit sig-1: a handler the worker drops */
+} mp_Detach;
+#define MP_NO_EXIT_INFO_ENV "LUA_MP_NO_PIDFD_EXIT_INFO"
+void mp_detach_learn(mp_Detach *d, int lifeline);
+void mp_detach_fresh(mp_Detach *d, pid_t parent, int lifeline,
+                     int main_thread);
+/* In the child: joins its own process group, drops the parent's handlers
+** and mask, dies with the parent process and its whole group (exits at
+** once if the parent is already gone); 'in_place': the lifeline is at the
+** high descriptor the parent chose (a fork).  Sets d->self. */
+void mp_worker_detach(mp_Detach *d, int in_place);
+/* The parent: the lifeline pipe of a new context, its read end at a high
+** descriptor; 0 or errno. */
 int  mp_lifeline_create(int lifeline[2]);
 /* What a worker knows of itself (mp.current_process): a registry table
 ** {rank=, daemon=}; none in a process that is not a worker. */
@@ -347,7 +367,7 @@ void mp_worker_daemon(lua_State *L, int daemon);
 ** worker's title is "lua worker <rank>/<nprocs> (<script>)" until fn sets
 ** another. */
 void mp_worker_run(lua_State *L, int fn, int args, int rank, int nprocs,
-                   const mp_ReportTo *to)
+                   const mp_ReportTo *to, const mp_Detach *d)
     __attribute__((noreturn));
 
 /* title.c: sets what ps -o args, pgrep -f and top show for this process,

@@ -3,7 +3,6 @@
 ** calling process and runs the function in its copy of the Lua state.
 ** Fast, but only safe in a single-threaded host; see "spawn".
 */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -29,26 +28,12 @@ static void wait_at_gate(int gate) {
   close(gate);
 }
 
-/* The threads of this process, or 0 when /proc cannot tell. */
-static int count_threads(void) {
-  DIR *d = opendir("/proc/self/task");
-  struct dirent *e;
-  int n = 0;
-  if (d == NULL) return 0;
-  while ((e = readdir(d)) != NULL)
-    n += e->d_name[0] != '.';
-  closedir(d);
-  return n;
-}
-
 /* fork copies only the calling thread: a lock another thread held (in
 ** malloc, stdio, the host's own) stays locked in the child forever.  Said
 ** once per Lua state, through the library's warning channel. */
 #define WARNED_KEY "multiprocessing.warned_fork_threads"
-static void warn_if_threaded(lua_State *L) {
-  int n;
-  if (lua_getfield(L, LUA_REGISTRYINDEX, WARNED_KEY) != LUA_TNIL ||
-      (n = count_threads()) <= 1) {
+static void warn_if_threaded(lua_State *L, int n) {
+  if (lua_getfield(L, LUA_REGISTRYINDEX, WARNED_KEY) != LUA_TNIL || n <= 1) {
     lua_pop(L, 1);
     return;
   }
@@ -66,11 +51,13 @@ static void warn_if_threaded(lua_State *L) {
 
 static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
                       int args) {
-  pid_t parent = getpid();
+  mp_Detach d;
   int gate[2] = {-1, -1};
   int i, err = 0;
   (void)ctxidx;  /* a fork keeps nothing: the child has it all */
-  warn_if_threaded(L);
+  /* once for all the children: handlers, mask, threads, the kernel */
+  mp_detach_learn(&d, ctx->lifeline[0]);
+  warn_if_threaded(L, d.threads);
   mp_title_prepare(L);  /* the children set their titles without /proc */
   if (host_may_reap() && pipe2(gate, O_CLOEXEC) != 0)
     return mp_push_errno(L, "pipe", errno);
@@ -85,10 +72,9 @@ static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
     }
     if (pid == 0) {
       mp_ReportTo to;
-      int lifeline = ctx->lifeline[0];
       close(ctx->lifeline[1]);  /* only the parent may hold the write end */
       ctx->lifeline[0] = ctx->lifeline[1] = -1;
-      mp_worker_detach(parent, lifeline);
+      mp_worker_detach(&d, 1);
       mp_worker_daemon(L, ctx->daemon);
       if (gate[0] >= 0) {
         close(gate[1]);
@@ -96,10 +82,11 @@ static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
       }
       to.fd = ctx->reports.fd;
       to.sock = ctx->reports.peer;
-      mp_worker_run(L, fn, args, i, ctx->nprocs, &to);
+      mp_worker_run(L, fn, args, i, ctx->nprocs, &to, &d);
     }
-    setpgid(pid, pid);  /* also here: we may signal the group before the
-                           child has run a single instruction */
+    /* No setpgid(pid, pid) here: until the child has made its group, the
+    ** group holds nobody (its id is the child's pid, which nobody else can
+    ** hold), and what we signal reaches the child through its pidfd. */
     w->pid = pid;
     mp_started(ctx, i);
     w->pidfd = pidfd_open(pid, 0);

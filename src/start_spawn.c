@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "mp.h"
@@ -30,6 +31,7 @@ static int spawn_launch(lua_State *L, mp_Context *ctx, int exe,
                         const int *fixed, int nfds) {
   const char *path = lua_tostring(L, exe);
   pid_t parent = getpid();
+  int main_thread = syscall(SYS_gettid) == parent;  /* PR_SET_PDEATHSIG */
   int i, err = 0, hello[2] = {-1, -1};
   int *fds = lua_newuserdatauv(L, sizeof(int) * (size_t)(nfds + 1), 0);
   for (i = 0; i < nfds; i++) fds[i] = fixed[i];
@@ -42,9 +44,9 @@ static int spawn_launch(lua_State *L, mp_Context *ctx, int exe,
     mp_Worker *w = &ctx->workers[i];
     int says_hello = i == ctx->first && hello[1] >= 0;
     char *argv[4], **envp, call[112];
-    snprintf(call, sizeof call, "_spawn_main(%d,%ld,%d,%d,%d)", i,
+    snprintf(call, sizeof call, "_spawn_main(%d,%ld,%d,%d,%d,%d)", i,
              (long)parent, nfds - MP_WFD_NFIXED,
-             says_hello ? FD_FIRST + nfds : -1, ctx->nprocs);
+             says_hello ? FD_FIRST + nfds : -1, ctx->nprocs, main_thread);
     envp = mp_push_argv(L, exe, call, argv);              /* ... envp */
     err = mp_launch(L, path, argv, envp, fds, nfds + says_hello, &w->pid,
                     &w->pidfd);                           /* ... envp [msg] */
@@ -75,8 +77,9 @@ static void keep_private(int fd) {
   if (flags >= 0) fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
 }
 
-/* _spawn_main(rank, parent_pid, nfds, hello_fd, nprocs): in the fresh
-** interpreter, with the descriptors of mp_worker_fds from FD_FIRST on
+/* _spawn_main(rank, parent_pid, nfds, hello_fd, nprocs, main_thread): in
+** the fresh interpreter ('main_thread': the parent's main thread started
+** it), with the descriptors of mp_worker_fds from FD_FIRST on
 ** ('nfds' of them the codec's); never returns. */
 static int l_spawn_main(lua_State *L) {
   int rank = (int)luaL_checkinteger(L, 1);
@@ -84,11 +87,14 @@ static int l_spawn_main(lua_State *L) {
   int nfds = (int)luaL_checkinteger(L, 3), i;
   int hello = (int)luaL_checkinteger(L, 4);
   int nprocs = (int)luaL_checkinteger(L, 5);
+  int main_thread = (int)luaL_checkinteger(L, 6);
   int *fds;
   mp_ReportTo to;
+  mp_Detach d;
   mp_boot_done();
   luaL_argcheck(L, nfds >= 0 && nfds <= MP_LAUNCH_MAXFDS, 3, "bad count");
-  mp_worker_detach(parent, FD_FIRST + MP_WFD_LIFELINE);
+  mp_detach_fresh(&d, parent, FD_FIRST + MP_WFD_LIFELINE, main_thread);
+  mp_worker_detach(&d, 0);
   /* hello: this program runs the protocol */
   if (hello >= 0) {
     (void)!write(hello, "", 1);
@@ -106,7 +112,7 @@ static int l_spawn_main(lua_State *L) {
   }
   mp_payload_load(L, FD_FIRST + MP_WFD_PAYLOAD, fds, (size_t)nfds);
   close(FD_FIRST + MP_WFD_PAYLOAD);
-  mp_worker_run(L, lua_gettop(L) - 1, lua_gettop(L), rank, nprocs, &to);
+  mp_worker_run(L, lua_gettop(L) - 1, lua_gettop(L), rank, nprocs, &to, &d);
 }
 
 void mp_open_spawn(lua_State *L) {

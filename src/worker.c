@@ -10,8 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include "codec.h"
@@ -22,46 +25,76 @@
 ** message is) around a visible marker. */
 #define ERROR_TEXT_MAX  (1024 * 1024)
 
-/* The parent's death reaches a worker as this signal, whose handler takes
-** the worker's whole process group down: the programs the worker started
-** die with it instead of living on as orphans.  Not SIGKILL, which runs no
-** handler; a real-time signal, which user code hardly ever uses, and whose
-** default action (before the handler is set, or after an exec) still
-** terminates. */
-#define PARENT_DIED (SIGRTMAX - 2)
+/* How a worker dies with its parent process, with everything in its
+** process group (the programs it started):
+**
+** The lifeline: a pipe per context whose write end only the parent
+** process holds (close-on-exec; a forked worker closes its copy).  When the
+** parent dies, the kernel closes it, and every reader that asked for
+** O_ASYNC gets the signal its open file chose with F_SETSIG, sent to the
+** owner chosen with F_SETOWN.  Each worker opens the pipe anew through
+** /proc (its own open file, so its own owner) and asks for SIGKILL to its
+** own process group: no handler runs, so none can be blocked, ignored or
+** replaced by user code, and the group goes with the worker.  The copy is
+** kept at a high descriptor (mp_lifeline_create places the context's read
+** end there; a fresh worker moves it there), out of the way of code that
+** closes or dup2s over descriptors 3..30, as daemon-style code does.
+**
+** PR_SET_PDEATHSIG(SIGKILL), the second line: it follows the *thread* that
+** created the worker (a short-lived thread of a host would take its
+** workers with it), so it is set only when that thread is the process's
+** main thread.  It kills the worker even if user code closes every
+** descriptor, but not the worker's children.
+**
+** Either one arms after the parent may already have died: getppid, read
+** after both, tells (as systemd's safe_fork does). */
+#define LIFELINE_LOW 31     /* the lowest descriptor the lifeline takes */
+#define LIFELINE_HIGH 1024  /* ... and the highest it aims at, plus one */
 
-/* How the parent's death is noticed: not PR_SET_PDEATHSIG, which follows
-** the *thread* that created the worker (a short-lived thread of the host
-** would take its workers with it), but the context's lifeline pipe.  Only
-** the parent process holds its write end (close-on-exec; a forked worker
-** closes its copy); when the process dies, the kernel closes it, and every
-** reader that asked for O_ASYNC gets the signal chosen with F_SETSIG.  The
-** owner of that signal belongs to an open file, so each worker opens the
-** pipe anew through /proc (its own open file, its own owner). */
+/* Where the lifeline goes: at most LIFELINE_HIGH - 1, below the limit. */
+static int lifeline_floor(void) {
+  struct rlimit rl;
+  long hi = LIFELINE_HIGH;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < (rlim_t)hi)
+    hi = (long)rl.rlim_cur;
+  return hi - 64 > LIFELINE_LOW ? (int)(hi - 64) : LIFELINE_LOW;
+}
+
 int mp_lifeline_create(int lifeline[2]) {
-  return pipe2(lifeline, O_CLOEXEC) == 0 ? 0 : errno;
+  int high;
+  if (pipe2(lifeline, O_CLOEXEC) != 0) return errno;
+  high = fcntl(lifeline[0], F_DUPFD_CLOEXEC, lifeline_floor());
+  if (high >= 0) {   /* else it stays where it is: still a lifeline */
+    close(lifeline[0]);
+    lifeline[0] = high;
+  }
+  return 0;
 }
 
-static void on_parent_death(int sig) {
-  (void)sig;
-  kill(0, SIGKILL);                /* the group, the worker included */
-}
-
-/* 1 when the lifeline will signal PARENT_DIED to us; closes 'lifeline'. */
-static int hold_lifeline(int lifeline) {
+/* 1 when the lifeline will SIGKILL our group ('self' is its id); the
+** inherited descriptor is replaced by our own open file, in place when
+** 'in_place' (a fork: the parent put it high), else moved high. */
+static int hold_lifeline(int lifeline, pid_t self, int in_place) {
   char path[64];
-  int fd;
+  int fd, ok;
   snprintf(path, sizeof path, "/proc/self/fd/%d", lifeline);
   fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  close(lifeline);
-  if (fd < 0) return 0;
-  if (fcntl(fd, F_SETSIG, PARENT_DIED) != 0 ||
-      fcntl(fd, F_SETOWN, getpid()) != 0 ||
-      fcntl(fd, F_SETFL, O_RDONLY | O_NONBLOCK | O_ASYNC) != 0) {
-    close(fd);
+  ok = fd >= 0 && fcntl(fd, F_SETSIG, SIGKILL) == 0 &&
+       fcntl(fd, F_SETOWN, -self) == 0 &&
+       fcntl(fd, F_SETFL, O_RDONLY | O_NONBLOCK | O_ASYNC) == 0;
+  if (!ok) {
+    if (fd >= 0) close(fd);
+    close(lifeline);
     return 0;
   }
-  return 1;  /* fd stays open for the worker's life */
+  if (in_place) {
+    ok = dup3(fd, lifeline, O_CLOEXEC) >= 0;
+  } else {
+    ok = fcntl(fd, F_DUPFD_CLOEXEC, lifeline_floor()) >= 0;
+    close(lifeline);
+  }
+  if (ok) close(fd);  /* else the low one stays: still a lifeline */
+  return 1;
 }
 
 /* --- the worker's own exit record ---------------------------------------- */
@@ -93,7 +126,7 @@ static void on_fatal_signal(int sig) {
   raise(sig);
 }
 
-static void watch_exit(int fd, int rank) {
+static void watch_exit(int fd, int rank, pid_t self, int handlers) {
   static const int fatal[] = {
     SIGHUP, SIGINT, SIGQUIT, SIGILL, SIGTRAP, SIGABRT, SIGBUS, SIGFPE,
     SIGUSR1, SIGSEGV, SIGUSR2, SIGPIPE, SIGALRM, SIGTERM, SIGXCPU, SIGXFSZ,
@@ -102,12 +135,14 @@ static void watch_exit(int fd, int rank) {
   size_t i;
   exit_record.fd = fd;
   exit_record.rank = rank;
-  exit_record.pid = getpid();
+  exit_record.pid = self;
   on_exit(on_exit_record, NULL);
-  for (i = 0; i < sizeof fatal / sizeof fatal[0]; i++) {
+  /* A kernel that keeps the status on the pidfd (Linux >= 6.15) needs the
+  ** record of a fatal signal only when the specs pretend otherwise. */
+  for (i = 0; handlers && i < sizeof fatal / sizeof fatal[0]; i++) {
     struct sigaction sa;
     if (sigaction(fatal[i], NULL, &sa) != 0 || sa.sa_handler != SIG_DFL)
-      continue;  /* ignored, or the host's (a fork): left alone */
+      continue;  /* ignored: left so */
     sa.sa_handler = on_fatal_signal;
     sa.sa_flags = 0;
     sigemptyset(&sa.sa_mask);
@@ -115,37 +150,115 @@ static void watch_exit(int fd, int rank) {
   }
 }
 
-void mp_worker_detach(pid_t parent, int lifeline) {
-  static const int resets[] = {SIGINT, SIGTERM};
-  struct sigaction died;
-  sigset_t set;
-  size_t i;
+/* --- what the parent knows of itself ------------------------------------ */
+
+/* "Name:\t<hex or decimal>" in /proc/thread-self/status. */
+static int status_field(const char *text, const char *name, int hex,
+                        uint64_t *v) {
+  const char *p = strstr(text, name);
+  char *end;
+  if (p == NULL) return 0;
+  *v = strtoull(p + strlen(name), &end, hex ? 16 : 10);
+  return end != p + strlen(name);
+}
+
+/* Linux >= 6.15 keeps a reaped child's status on its pidfd (join.c). */
+static int kernel_keeps_status(void) {
+  struct utsname u;
+  int major = 0, minor = 0;
+  const char *v = getenv(MP_NO_EXIT_INFO_ENV);
+  if (v != NULL && *v != '\0' && strcmp(v, "0") != 0) return 0;
+  if (uname(&u) != 0 || sscanf(u.release, "%d.%d", &major, &minor) != 2)
+    return 0;
+  return major > 6 || (major == 6 && minor >= 15);
+}
+
+void mp_detach_learn(mp_Detach *d, int lifeline) {
+  char text[4096];
+  uint64_t pid = 0, tgid = 0, threads = 0, blocked = 1, caught = 0;
+  int fd = open("/proc/thread-self/status", O_RDONLY | O_CLOEXEC);
+  ssize_t n = fd >= 0 ? read(fd, text, sizeof text - 1) : -1;
+  if (fd >= 0) close(fd);
+  memset(d, 0, sizeof *d);
+  d->parent = getpid();
+  d->lifeline = lifeline;
+  if (n > 0) {
+    text[n] = '\0';
+    status_field(text, "\nTgid:", 0, &tgid);
+    status_field(text, "\nPid:", 0, &pid);
+    status_field(text, "\nThreads:", 0, &threads);
+    status_field(text, "\nSigBlk:", 1, &blocked);
+    status_field(text, "\nSigCgt:", 1, &caught);
+  } else {   /* no /proc: ask the system */
+    int sig;
+    sigset_t mask;
+    tgid = (uint64_t)d->parent;
+    pid = (uint64_t)syscall(SYS_gettid);
+    blocked = sigprocmask(SIG_BLOCK, NULL, &mask) == 0 && sigisemptyset(&mask)
+              ? 0 : 1;
+    for (sig = 1; sig <= 64 && sig < NSIG; sig++) {
+      struct sigaction sa;
+      if (sigaction(sig, NULL, &sa) == 0 && sa.sa_handler != SIG_DFL &&
+          sa.sa_handler != SIG_IGN)
+        caught |= 1ull << (sig - 1);
+    }
+  }
+  d->main_thread = pid != 0 && pid == tgid;
+  d->threads = (int)threads;
+  d->blocked = blocked != 0;
+  d->handled = caught;
+  d->records = !kernel_keeps_status();
+}
+
+void mp_detach_fresh(mp_Detach *d, pid_t parent, int lifeline,
+                     int main_thread) {
+  memset(d, 0, sizeof *d);
+  d->parent = parent;
+  d->lifeline = lifeline;
+  d->main_thread = main_thread;
+  /* exec dropped every handler but lua.c's, which catches SIGINT while a
+  ** chunk runs; exec kept the mask, which the launcher emptied */
+  d->handled = 1ull << (SIGINT - 1);
+  d->records = !kernel_keeps_status();
+}
+
+/* --- the worker ---------------------------------------------------------- */
+
+/* As exec would: a handler the parent installed is dropped, so the
+** signal does what it does by default; an ignored one stays ignored. */
+static void drop_handlers(uint64_t handled) {
+  struct sigaction dfl;
+  int sig;
+  memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  for (sig = 1; handled != 0 && sig <= 64; sig++, handled >>= 1) {
+    struct sigaction old;
+    if (!(handled & 1)) continue;
+    if (sigaction(sig, &dfl, &old) == 0 && old.sa_handler == SIG_IGN)
+      sigaction(sig, &old, NULL);
+  }
+}
+
+void mp_worker_detach(mp_Detach *d, int in_place) {
+  pid_t self;
+  int held;
   /* Our own process group: Ctrl-C at the terminal reaches the parent only,
   ** and terminating the worker's group takes its children too. */
   setpgid(0, 0);
-  /* Die with the parent process; if it died before we listened, nobody
-  ** will signal us: getppid tells.  Without /proc, the parent-death signal
-  ** of the thread that started us is the fallback. */
-  memset(&died, 0, sizeof died);
-  died.sa_handler = on_parent_death;
-  sigemptyset(&died.sa_mask);
-  sigaction(PARENT_DIED, &died, NULL);
-  if (!hold_lifeline(lifeline)) prctl(PR_SET_PDEATHSIG, PARENT_DIED);
-  if (getppid() != parent) _exit(1);
-  /* As exec would: a handler the parent installed for these is dropped, so
-  ** SIGTERM and SIGINT terminate the worker; an ignored signal stays so. */
-  for (i = 0; i < sizeof resets / sizeof resets[0]; i++) {
-    struct sigaction sa;
-    if (sigaction(resets[i], NULL, &sa) == 0 && sa.sa_handler != SIG_IGN) {
-      sa.sa_handler = SIG_DFL;
-      sa.sa_flags = 0;
-      sigaction(resets[i], &sa, NULL);
-    }
-  }
+  self = getpid();
+  drop_handlers(d->handled);
+  held = d->lifeline >= 0 && hold_lifeline(d->lifeline, self, in_place);
+  if (d->main_thread || !held) prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != d->parent) _exit(1);  /* it died before we listened */
   /* Nothing the parent blocked stays blocked (a join blocks SIGINT, a
   ** host may block anything), as in a fresh program. */
-  sigemptyset(&set);
-  sigprocmask(SIG_SETMASK, &set, NULL);
+  if (d->blocked) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigprocmask(SIG_SETMASK, &set, NULL);
+  }
+  d->self = self;
 }
 
 /* Pushes a readable text for the error value at 'idx', as lua.c would:
@@ -177,6 +290,72 @@ static void push_error_text(lua_State *L, int idx) {
   lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, idx));
 }
 
+/* --- the traceback ------------------------------------------------------- */
+
+/* A frame of the library's own Lua files (.../multiprocessing/<name>.lua):
+** the pool's loop, mprun's rank, not the user's code. */
+static int is_library(const lua_Debug *ar) {
+  const char *slash = strrchr(ar->source, '/');
+  size_t n = strlen(ar->source);
+  return ar->source[0] == '@' && slash != NULL && n > 4 &&
+         strcmp(ar->source + n - 4, ".lua") == 0 &&
+         slash - ar->source >= 15 && memcmp(slash - 15, "multiprocessing", 15) == 0;
+}
+
+/* One frame's line: "<where>: in <what>", named as the user knows it: a
+** function by its name ("function 'step'", whether a local, an upvalue or
+** a global held it), unless the name is the library's own local that
+** called it ('task', 'chunk'): then by where it is defined. */
+static void add_frame(luaL_Buffer *b, lua_State *L, const lua_Debug *ar,
+                      int library_caller) {
+  if (ar->currentline > 0)
+    lua_pushfstring(L, "\n\t%s:%d: in ", ar->short_src, ar->currentline);
+  else
+    lua_pushfstring(L, "\n\t%s: in ", ar->short_src);
+  luaL_addvalue(b);
+  if (*ar->what == 'm')
+    luaL_addstring(b, "main chunk");
+  else if (*ar->namewhat != '\0' && !library_caller)
+    lua_pushfstring(L, "function '%s'", ar->name), luaL_addvalue(b);
+  else if (*ar->what == 'C')
+    luaL_addstring(b, "?");
+  else
+    lua_pushfstring(L, "function <%s:%d>", ar->short_src, ar->linedefined),
+    luaL_addvalue(b);
+  if (ar->istailcall) luaL_addstring(b, "\n\t(...tail calls...)");
+}
+
+#define TRACEBACK_FRAMES 200   /* more are summed up in one line */
+
+/* Pushes the traceback of L from 'level' on, without the library's
+** frames (its Lua files, and the C functions they call or are called
+** from). */
+static void push_traceback(lua_State *L, int level) {
+  luaL_Buffer b;
+  lua_Debug ar, caller;
+  int shown = 0, skipped = 0;
+  luaL_buffinit(L, &b);
+  luaL_addstring(&b, "stack traceback:");
+  for (; lua_getstack(L, level, &ar); level++) {
+    int has_caller = lua_getstack(L, level + 1, &caller);
+    int library_caller;
+    lua_getinfo(L, "Slnt", &ar);
+    if (has_caller) lua_getinfo(L, "S", &caller);
+    library_caller = has_caller && is_library(&caller);
+    if (is_library(&ar) || (*ar.what == 'C' && (!has_caller || library_caller)))
+      continue;
+    if (shown++ < TRACEBACK_FRAMES)
+      add_frame(&b, L, &ar, library_caller);
+    else
+      skipped++;
+  }
+  if (skipped > 0) {
+    lua_pushfstring(L, "\n\t...\t(%d more levels)", skipped);
+    luaL_addvalue(&b);
+  }
+  luaL_pushresult(&b);
+}
+
 /* Message handler: {text = traceback .. "\n" .. message, value = error}.
 ** The traceback comes first so that the report ends with the message, as a
 ** Python traceback does. */
@@ -184,7 +363,7 @@ static int make_report(lua_State *L) {
   lua_createtable(L, 0, 3);
   lua_pushvalue(L, 1);
   lua_setfield(L, -2, "value");
-  luaL_traceback(L, L, NULL, 1);
+  push_traceback(L, 1);
   /* where the traceback ends: the parent gives e.traceback and e.message
   ** apart without reading the text */
   lua_pushinteger(L, (lua_Integer)lua_rawlen(L, -1));
@@ -393,7 +572,7 @@ static void set_default_title(lua_State *L, int fn, int rank, int nprocs) {
 }
 
 void mp_worker_run(lua_State *L, int fn, int args, int rank, int nprocs,
-                   const mp_ReportTo *to) {
+                   const mp_ReportTo *to, const mp_Detach *d) {
   int code = 1;
   fn = lua_absindex(L, fn);
   args = lua_absindex(L, args);
@@ -402,8 +581,8 @@ void mp_worker_run(lua_State *L, int fn, int args, int rank, int nprocs,
   lua_pushinteger(L, rank);
   lua_setfield(L, -2, "rank");
   lua_pop(L, 1);
-  watch_exit(to->fd, rank);
-  mp_sharing_worker(L, getppid());
+  watch_exit(to->fd, rank, d->self, d->records);
+  mp_sharing_worker(L, d->parent);
   mp_ledger_open(L, to->fd, mp_reports_ledger_at(rank));
   /* Nothing may unwind past here: in a fork, what lies below is a copy
   ** of the parent's stack. */
@@ -422,6 +601,6 @@ void mp_worker_run(lua_State *L, int fn, int args, int rank, int nprocs,
   /* No __gc runs before _exit: the file_system references our arrays hold
   ** are given back here (the report holds its receiver's own). */
   mp_array_exit(L);
-  record_exit(code);
+  mp_reports_exit_put(to->fd, rank, code);  /* we are the worker: no check */
   _exit(code);
 }
