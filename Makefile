@@ -67,7 +67,7 @@ CORE_SRC = src/core.c src/args.c src/context.c src/join.c src/proc.c src/excepti
            src/worker.c src/start_fork.c src/start_spawn.c src/signames.c \
            src/codec.c src/fdpass.c src/shm.c src/ledger.c src/array.c \
            src/channel.c src/sync.c src/wait.c src/nested.c src/payload.c src/launch.c \
-           src/executable.c src/forkserver.c src/fd.c src/cpus.c src/pool.c src/select.c src/title.c
+           src/executable.c src/forkserver.c src/fd.c src/sys.c src/cpus.c src/pool.c src/select.c src/title.c
 CORE_OBJ = $(CORE_SRC:src/%.c=$(BUILD)/obj/%.o)
 CORE_SO  = $(BUILD)/multiprocessing/core.so
 # The worker program for embedding hosts (worker_main.c), found next to
@@ -76,7 +76,7 @@ WORKER   = $(BUILD)/multiprocessing/worker
 # mprun's C, a module of its own beside the core (it uses the core's public
 # faces only): the relay, rank stdio, log files, the signalfd.
 LAUNCHER_SRC = src/launcher/launcher.c src/launcher/relay.c src/launcher/rank.c \
-               src/proc.c
+               src/launcher/fd.c src/proc.c src/sys.c
 LAUNCHER_OBJ = $(LAUNCHER_SRC:src/%.c=$(BUILD)/obj/%.o)
 LAUNCHER_SO  = $(BUILD)/multiprocessing/launcher.so
 
@@ -87,7 +87,7 @@ $(BUILD)/obj/%.o: src/%.c src/*.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
 
-$(BUILD)/obj/launcher/%.o: src/launcher/%.c src/launcher/*.h src/proc.h
+$(BUILD)/obj/launcher/%.o: src/launcher/%.c src/launcher/*.h src/proc.h src/sys.h
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
 

@@ -12,23 +12,6 @@
 #include "multiprocessing.h"
 #include "sharing.h"
 
-double mp_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-int mp_write_all(int fd, const char *p, size_t n) {
-  while (n > 0) {
-    ssize_t k = write(fd, p, n);
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0) return errno;
-    p += k;
-    n -= (size_t)k;
-  }
-  return 0;
-}
-
 int mp_push_errno(lua_State *L, const char *what, int err) {
   lua_pushfstring(L, "%s: %s", what, strerror(err));
   return err;

@@ -6,6 +6,8 @@
 **   core.c         the module table: opens every part from one list;
 **                  mp_new_class and the small helpers every part uses
 **   args.c         argument errors that name "Type.method"; timeouts
+**   sys.c, sys.h   the clock and whole writes, with no Lua (also compiled
+**                  into the launcher module)
 **   mp.h           this map; what the process files share
 **   sharing.h      what the data-sharing files share: segments, waits,
 **                  locks, peer slots
@@ -107,6 +109,7 @@
 #include "lua.h"
 #include "lauxlib.h"
 #include "proc.h"
+#include "sys.h"
 
 #define MP_CONTEXT_T   "multiprocessing.ProcessContext"
 #define MP_PROCESS_T   "multiprocessing.Process"
@@ -468,9 +471,7 @@ static inline void mp_stack_check(lua_State *L, int top, int effect) {
 /* Warns through the library's channel: the handler of
 ** mp.set_warning_handler, else one line on stderr. */
 void   mp_warning(lua_State *L, const char *msg);
-double mp_now(void);                     /* CLOCK_MONOTONIC seconds */
 int    mp_push_errno(lua_State *L, const char *what, int err); /* pushes msg */
-int    mp_write_all(int fd, const char *p, size_t n);  /* 0 or errno */
 void   mp_push_method(lua_State *L);         /* for __index, see core.c */
 /* Creates (and leaves on the stack) the metatable 'tname' of a type, with
 ** the metamethods 'meta' and the 'methods' (or NULL): they are its __index,

@@ -305,7 +305,7 @@ end
 -- through the report, with their traceback.
 local function rank_main(_, job)
   local mpcore = require "multiprocessing.core"
-  if mpcore._set_title then mpcore._set_title(job.title) end   -- what ps and top show
+  mpcore._set_title(job.title)   -- what ps and top show
   local c = require "multiprocessing.launcher"
   c._rank_stdio(job.stdin, job.stdout, job.stderr, job.linebuf)
   c._nofile(job.nofile)   -- the limit mprun was given, not the one it raised

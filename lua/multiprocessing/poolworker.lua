@@ -156,7 +156,7 @@ function M.worker(_, cfg)
   local init, initargs = cfg.initializer, cfg.initargs
   tasks:_functions()
   -- what ps, pgrep -f and top show (COMMON interface 4)
-  if core._set_title then core._set_title(cfg.title) end
+  core._set_title(cfg.title)
   local mark = cfg.board:marker(cfg.slot)
   if init then init(unpack(initargs, 1, initargs.n or #initargs)) end
   mark(-1)

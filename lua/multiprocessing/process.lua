@@ -90,9 +90,7 @@ end
 function M._enter(info)
   me = { identity = info.identity, count = 0, pid = core.current_process().pid,
          name = info.name, daemon = info.daemon, parent = info.parent }
-  if core._set_title then
-    core._set_title(("lua process %s (%s)"):format(info.name, info.script))
-  end
+  core._set_title(("lua process %s (%s)"):format(info.name, info.script))
 end
 
 -- The body of every Process's worker: the job's values, packed.

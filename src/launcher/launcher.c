@@ -19,63 +19,7 @@
 
 #include "launcher.h"
 
-#define FD_T     "multiprocessing.Fd"
-#define FD_NEW   "multiprocessing.launcher.fd"   /* core._fd, in the registry */
 #define PIPE_SIZE (1024 * 1024)                  /* asked for each pipe */
-
-/* --- shared helpers ------------------------------------------------------ */
-
-double lnc_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-int lnc_write_all(int fd, const char *p, size_t n) {
-  while (n > 0) {
-    ssize_t k = write(fd, p, n);
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0) return errno;
-    p += k;
-    n -= (size_t)k;
-  }
-  return 0;
-}
-
-static int wrap_fd(lua_State *L) {
-  lua_getfield(L, LUA_REGISTRYINDEX, FD_NEW);     /* n _fd */
-  lua_insert(L, 1);                               /* _fd n */
-  lua_call(L, 1, 1);                              /* Fd */
-  return 1;
-}
-
-void lnc_push_fd(lua_State *L, int fd) {
-  lua_pushcfunction(L, wrap_fd);                  /* wrap */
-  lua_pushinteger(L, fd);                         /* wrap n */
-  if (lua_pcall(L, 1, 1, 0) != LUA_OK) {          /* Fd | err */
-    close(fd);
-    lua_error(L);
-  }
-}
-
-/* Calls fd:<method>() on the Fd at 'arg'; the integer it returns. */
-static int fd_call(lua_State *L, int arg, const char *method) {
-  int fd;
-  luaL_checkudata(L, arg, FD_T);
-  lua_getfield(L, arg, method);                   /* f */
-  lua_pushvalue(L, arg);                          /* f Fd */
-  lua_call(L, 1, 1);                              /* n */
-  fd = (int)lua_tointeger(L, -1);
-  lua_pop(L, 1);
-  return fd;
-}
-
-int lnc_fileno(lua_State *L, int arg) { return fd_call(L, arg, "fileno"); }
-
-int lnc_take(lua_State *L, int arg) {
-  if (lua_isnoneornil(L, arg)) return -1;
-  return fd_call(L, arg, "detach");
-}
 
 /* --- pipes and plain files ----------------------------------------------- */
 
@@ -88,11 +32,8 @@ static int l_pipe(lua_State *L) {
   }
   fcntl(p[0], F_SETFL, fcntl(p[0], F_GETFL) | O_NONBLOCK);
   fcntl(p[0], F_SETPIPE_SZ, PIPE_SIZE);  /* fewer wake-ups; may be refused */
-  lua_pushcfunction(L, wrap_fd);
-  lua_pushinteger(L, p[1]);
-  if (lua_pcall(L, 1, 1, 0) != LUA_OK) {   /* the write end first: no leak */
+  if (lnc_wrap_fd(L, p[1]) != LUA_OK) {    /* the write end first: no leak */
     close(p[0]);
-    close(p[1]);
     return lua_error(L);
   }
   lnc_push_fd(L, p[0]);                    /* w r */
@@ -213,7 +154,7 @@ static int l_write(lua_State *L) {
   size_t len;
   int fd = lnc_fileno(L, 1), err;
   const char *s = luaL_checklstring(L, 2, &len);
-  if ((err = lnc_write_all(fd, s, len)) != 0) {
+  if ((err = mp_write_all(fd, s, len)) != 0) {
     lua_pushnil(L);
     lua_pushstring(L, strerror(err));
     return 2;

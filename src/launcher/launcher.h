@@ -4,6 +4,7 @@
 ** core's public faces: descriptors are the core's Fd objects (core._fd,
 ** fd:fileno(), fd:detach()), processes are watched through ctx:fileno().
 **
+**   fd.c         the bottom: descriptors as the core's Fd objects
 **   launcher.c   the module: log files and directories made without
 **                following links, pipes, the signalfd, RLIMIT_NOFILE
 **   relay.c      the output relay: the ranks' pipes to one console, whole
@@ -19,10 +20,16 @@
 #include "lua.h"
 #include "lauxlib.h"
 
-/* The shared helpers (launcher.c). */
-double lnc_now(void);                              /* CLOCK_MONOTONIC */
-int lnc_write_all(int fd, const char *p, size_t n);  /* 0 or errno */
-/* Pushes a core Fd that owns 'fd' (closed if that fails). */
+#include "../sys.h"   /* mp_now, mp_write_all: sys.c is compiled in */
+
+/* The launcher's descriptors (fd.c): the core's Fd type, and core._fd,
+** which the module keeps in the registry under FD_NEW to make them. */
+#define FD_T     "multiprocessing.Fd"
+#define FD_NEW   "multiprocessing.launcher.fd"
+/* Pushes a core Fd that owns 'fd', or the error (then 'fd' is closed);
+** the pcall status. */
+int lnc_wrap_fd(lua_State *L, int fd);
+/* Pushes a core Fd that owns 'fd' (closed if that fails, and raised). */
 void lnc_push_fd(lua_State *L, int fd);
 /* The descriptor of the Fd at 'arg', borrowed. */
 int lnc_fileno(lua_State *L, int arg);

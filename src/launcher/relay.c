@@ -74,13 +74,13 @@ static int grow(char **buf, size_t *cap, size_t need) {
 static void erase_status(Relay *R) {
   if (!R->status_shown) return;
   R->status_shown = 0;
-  lnc_write_all(R->status_fd, "\r\033[K", 4);
+  mp_write_all(R->status_fd, "\r\033[K", 4);
 }
 
 static void flush_out(Relay *R, Out *o) {
   if (o->len == 0) return;
   erase_status(R);
-  if (!o->broken && lnc_write_all(o->fd, o->buf, o->len) == EPIPE) o->broken = 1;
+  if (!o->broken && mp_write_all(o->fd, o->buf, o->len) == EPIPE) o->broken = 1;
   o->len = 0;
 }
 
@@ -113,7 +113,7 @@ static void emit(Relay *R, Source *s, const char *p, size_t n) {
 static void feed(Relay *R, Source *s, const char *p, size_t n) {
   const char *end = p + n, *nl;
   int err;
-  if (s->file >= 0 && (err = lnc_write_all(s->file, p, n)) != 0) {
+  if (s->file >= 0 && (err = mp_write_all(s->file, p, n)) != 0) {
     close(s->file);  /* a full disk loses the log, not the console */
     s->file = -1;
     if (R->file_err == 0) R->file_err = err;  /* relay:close says so */
@@ -279,7 +279,7 @@ static Source *source_of(Relay *R, int fd) {
 static int relay_wait(lua_State *L) {
   Relay *R = check_relay(L, 1);
   double timeout = luaL_checknumber(L, 2);
-  double deadline = timeout < 0 ? INFINITY : lnc_now() + timeout;
+  double deadline = timeout < 0 ? INFINITY : mp_now() + timeout;
   int nctx, sigfd = -1, signo = 0, nexited = 0;
   luaL_checktype(L, 3, LUA_TTABLE);
   if (!lua_isnoneornil(L, 4)) sigfd = lnc_fileno(L, 4);
@@ -288,7 +288,7 @@ static int relay_wait(lua_State *L) {
   lua_pop(L, 1);
   lua_newtable(L);  /* exited */
   for (;;) {
-    double left = deadline - lnc_now();
+    double left = deadline - mp_now();
     int ms = isinf(deadline) ? -1 : left <= 0 ? 0
            : left > INT_MAX / 1000 ? INT_MAX : (int)ceil(left * 1000);
     size_t n = pollset(L, R, nctx, sigfd), k;
@@ -311,7 +311,7 @@ static int relay_wait(lua_State *L) {
         read_source(R, s);
       }
     }
-    if (nexited > 0 || signo != 0 || lnc_now() >= deadline) break;
+    if (nexited > 0 || signo != 0 || mp_now() >= deadline) break;
   }
   flush_all(R);
   if (signo == 0) return 1;
@@ -332,7 +332,7 @@ static int relay_status(lua_State *L) {
   }
   lua_pushfstring(L, "\r%s\033[K", text);
   text = lua_tolstring(L, -1, &len);
-  lnc_write_all(R->status_fd, text, len);
+  mp_write_all(R->status_fd, text, len);
   R->status_shown = 1;
   return 0;
 }
