@@ -402,7 +402,7 @@ step()
         assert.matches('"exit_code":1', rec, 1, true)
         assert.matches('"attempt":' .. k, rec, 1, true)
         assert.matches('"message":"' .. where .. '"', rec, 1, true)
-        assert.matches("in local 'step'", rec, 1, true)   -- the traceback
+        assert.matches("in function 'step'", rec, 1, true)   -- the traceback
         assert.matches('"started":"%d+%-%d+%-%d+T', rec)
         assert.matches('"ended":"%d+%-%d+%-%d+T', rec)
       end
@@ -457,7 +457,7 @@ step()
       assert.matches("exit code  : 1", err, 1, true)
       assert.matches("time       : %d+%-%d+%-%d+", err)
       assert.matches("stack traceback:", err, 1, true)
-      assert.matches("in local 'deep'", err, 1, true)
+      assert.matches("in function 'deep'", err, 1, true)
       assert.matches("disk full", err, 1, true)
     end)
 
