@@ -13,8 +13,10 @@
 ** after it.
 **
 ** Where the area is, is learnt once per state and kept in the registry: a
-** parent learns it before it forks, so a forked worker sets its title
-** with no system call but PR_SET_NAME.
+** parent learns it before it forks, and moves its environment strings to
+** the heap then, once, so a forked worker sets its title with no system
+** call but PR_SET_NAME and no copy of its own (each would fault in a page
+** of the parent's memory, in every worker).
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +31,7 @@
 typedef struct Area {
   char *arg_start, *arg_end;   /* NULL when /proc could not tell */
   char *env_start, *env_end;
+  int env_free;                /* no environment string is left there */
 } Area;
 
 /* Fields 48..51 of /proc/self/stat (after the ')' that ends the command
@@ -71,10 +74,6 @@ static Area *get_area(lua_State *L) {
   return a;
 }
 
-void mp_title_prepare(lua_State *L) {
-  get_area(L);
-}
-
 /* The environment strings move to the heap, so that the title may use
 ** their room; 1 when they did (or none was left there). */
 static int free_environment(const Area *a) {
@@ -90,6 +89,18 @@ static int free_environment(const Area *a) {
   return 1;
 }
 
+/* Makes the room after the argv strings free for titles: 1 when it is. */
+static int free_room(Area *a) {
+  if (!a->env_free && a->env_start == a->arg_end &&
+      a->env_end > a->env_start)
+    a->env_free = free_environment(a);
+  return a->env_free;
+}
+
+void mp_title_prepare(lua_State *L) {
+  free_room(get_area(L));
+}
+
 void mp_title_set(lua_State *L, const char *text, size_t len) {
   Area *a = get_area(L);
   char name[16];
@@ -101,8 +112,7 @@ void mp_title_set(lua_State *L, const char *text, size_t len) {
   if (a->arg_start == NULL) return;
   argsize = (size_t)(a->arg_end - a->arg_start);
   room = argsize;
-  if (len + 2 > argsize && a->env_start == a->arg_end &&
-      a->env_end > a->env_start && free_environment(a))
+  if (len + 2 > argsize && free_room(a))
     room = (size_t)(a->env_end - a->arg_start);
   n = len < room - 1 ? len : room - 1;
   memcpy(a->arg_start, text, n);

@@ -542,33 +542,33 @@ void mp_worker_daemon(lua_State *L, int daemon) {
 }
 
 /* The script a plain worker's title names: the parent's arg[0] (the
-** script lua5.4 ran), else the chunk fn was defined in. */
-static void push_script(lua_State *L, int fn) {
+** script lua5.4 ran), else the chunk fn was defined in.  Nothing is
+** allocated: in a forked worker an allocation may start a collection step,
+** and its marks would copy page after page of the parent's heap. */
+static void script_name(lua_State *L, int fn, char *buf, size_t size) {
   int top = lua_gettop(L);
   lua_Debug ar;
   if (lua_getglobal(L, "arg") == LUA_TTABLE &&        /* arg */
       lua_rawgeti(L, -1, 0) == LUA_TSTRING) {         /* arg script */
-    lua_remove(L, -2);                                /* script */
-    return;
+    snprintf(buf, size, "%s", lua_tostring(L, -1));
+  } else {
+    lua_settop(L, top);                               /* */
+    lua_pushvalue(L, fn);                             /* fn */
+    snprintf(buf, size, "%s", lua_getinfo(L, ">S", &ar) ? ar.short_src : "?");
   }
   lua_settop(L, top);                                 /* */
-  lua_pushvalue(L, fn);                               /* fn */
-  if (lua_getinfo(L, ">S", &ar))                      /* */
-    lua_pushstring(L, ar.short_src);                  /* script */
-  else
-    lua_pushliteral(L, "?");
 }
 
 /* "lua worker <rank>/<n> (<script>)", until the worker sets its own. */
 static void set_default_title(lua_State *L, int fn, int rank, int nprocs) {
-  size_t len;
-  const char *title;
-  push_script(L, fn);                                 /* script */
-  title = lua_pushfstring(L, "lua worker %d/%d (%s)", rank, nprocs,
-                          lua_tostring(L, -1));       /* script title */
-  len = lua_rawlen(L, -1);
-  mp_title_set(L, title, len);
-  lua_pop(L, 2);                                      /* */
+  char script[200], title[256];
+  int len;
+  script_name(L, fn, script, sizeof script);
+  len = snprintf(title, sizeof title, "lua worker %d/%d (%s)", rank, nprocs,
+                 script);
+  if (len < 0) return;
+  if ((size_t)len >= sizeof title) len = (int)sizeof title - 1;
+  mp_title_set(L, title, (size_t)len);
 }
 
 void mp_worker_run(lua_State *L, int fn, int args, int rank, int nprocs,
