@@ -40,11 +40,14 @@
 ** end there; a fresh worker moves it there), out of the way of code that
 ** closes or dup2s over descriptors 3..30, as daemon-style code does.
 **
-** PR_SET_PDEATHSIG(SIGKILL), the second line: it follows the *thread* that
-** created the worker (a short-lived thread of a host would take its
-** workers with it), so it is set only when that thread is the process's
-** main thread.  It kills the worker even if user code closes every
-** descriptor, but not the worker's children.
+** PR_SET_PDEATHSIG(SIGKILL) only where the lifeline could not be held,
+** and only from the process's main thread (it follows the *thread* that
+** created the worker: a short-lived thread of a host would take its
+** workers with it).  Never beside a held lifeline: a forked worker holds
+** copies of the write ends of the contexts started before its own, so
+** their lifelines fire one after another as those workers die; a worker
+** that PDEATHSIG killed first would take its own O_ASYNC reader with it,
+** and its group would never be signalled.
 **
 ** Either one arms after the parent may already have died: getppid, read
 ** after both, tells (as systemd's safe_fork does). */
@@ -249,7 +252,7 @@ void mp_worker_detach(mp_Detach *d, int in_place) {
   self = getpid();
   drop_handlers(d->handled);
   held = d->lifeline >= 0 && hold_lifeline(d->lifeline, self, in_place);
-  if (d->main_thread || !held) prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (!held && d->main_thread) prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != d->parent) _exit(1);  /* it died before we listened */
   /* Nothing the parent blocked stays blocked (a join blocks SIGINT, a
   ** host may block anything), as in a fresh program. */
