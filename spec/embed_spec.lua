@@ -221,13 +221,15 @@ for _, method in ipairs(H.methods) do
       -- one returning false at once, instead of one call blocking through it
       local polls = tonumber(out:match("polls while terminating (%d+)"))
       assert.is_true(polls >= 10, out)
-      -- Each step's median is under 5 ms; the maximum only far below the
-      -- 0.5 s a blocking step would take (a loaded 2-core machine may
-      -- deschedule us for a while in any step).
+      -- A step that blocked would take the 0.5 s grace; each step's median
+      -- stays a tenth of that (idle: under 1 ms; beside two busy loops on
+      -- a 2-core machine close and GC measured 6-8 ms, as they wait for
+      -- the kernel to take SIGKILLed workers down), and the maximum far
+      -- below it (a loaded machine may deschedule us in any step).
       for _, kind in ipairs { "join0", "close", "gc" } do
         local median, max = step_stats(out, kind)
         assert.is_truthy(median, kind .. " not measured:\n" .. out)
-        assert.is_true(median < 5, kind .. " median " .. median .. " ms\n" .. out)
+        assert.is_true(median < 50, kind .. " median " .. median .. " ms\n" .. out)
         assert.is_true(max < 250, kind .. " max " .. max .. " ms\n" .. out)
       end
       local close_state = tonumber(out:match("lua_close ([%d.]+) ms"))

@@ -245,7 +245,7 @@ function Pool:print(...) return M.print(...) end
 function Pool:__tostring()
   local alive = 0
   for _, w in pairs(self.workers) do
-    if w.ctx and w.proc:is_alive() then alive = alive + 1 end
+    if w.ctx and not w.ended then alive = alive + 1 end
   end
   return ("Pool (%s, %d worker%s, %d task%s pending, %d done, %s)"):format(
     self.start_method, alive, alive == 1 and "" or "s", self.ntasks - self.ndone,

@@ -31,6 +31,11 @@ local function argerror(fname, i, msg, level)
 end
 
 -- nil, or a number of seconds (negative: 0); NaN and others raise.
+-- A function that takes no argument was given some.
+local function check_none(fname, n, first)
+  if n > 0 then argerror(fname, 1, "no argument expected, got " .. type(first), 3) end
+end
+
 local function check_timeout(fname, i, v, level)
   if v == nil then return nil end
   if type(v) ~= "number" or v ~= v then
@@ -66,7 +71,8 @@ end
 
 --- mp.current_process(): core's description of this process, with the
 -- name and daemon flag of the mp.Process it runs, if it runs one.
-function M.current_process()
+function M.current_process(...)
+  check_none("current_process", select("#", ...), ...)
   local t = core.current_process()
   if is_me(t.pid) then t.name, t.daemon = me.name, me.daemon end
   return t
@@ -375,7 +381,8 @@ M.Process = setmetatable(Process, { __call = new })
 
 --- mp.active_children(): the live workers this process started, as
 -- mp.Process objects where they are one.
-function M.active_children()
+function M.active_children(...)
+  check_none("active_children", select("#", ...), ...)
   local list = core.active_children()
   for i, h in ipairs(list) do list[i] = owners[h] or h end
   return list
