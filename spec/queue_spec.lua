@@ -469,20 +469,18 @@ for _, method in ipairs(H.methods) do
         for i = 1, 100 do qq:put(i); conn:send(i) end
       end, { q, b })
       b:close()
-      local t0, got, why = core._now(), 0, nil
-      repeat
-        local v, w = q:get(60)
-        if v then got = got + 1 end
-        why = w
-      until v == nil
-      assert.are.same({ 100, "closed" }, { got, why })
-      got = 0
-      repeat
-        local v, w = a:recv(60)
-        if v then got = got + 1 end
-        why = w
-      until v == nil
-      assert.are.same({ 100, "closed" }, { got, why })
+      local t0 = core._now()
+      -- takes items until a take gives nil: how many came, and why it ended
+      local function drain(take)
+        local got, v, why = 0, nil, nil
+        repeat
+          v, why = take(60)
+          if v then got = got + 1 end
+        until v == nil
+        return { got, why }
+      end
+      assert.are.same({ 100, "closed" }, drain(function(t) return q:get(t) end))
+      assert.are.same({ 100, "closed" }, drain(function(t) return a:recv(t) end))
       -- the deadlines were a minute away: a bound that only a wait for them breaks
       assert.is_true(core._now() - t0 < 50, "waited for the deadline")
       assert.is_true(ctx:join(60))
