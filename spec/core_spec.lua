@@ -769,6 +769,31 @@ for _, method in ipairs(H.methods) do
       ctx:close()
     end)
 
+    it("terminate(grace, rank) ends that worker alone, on the same SIGTERM -> grace -> SIGKILL steps", function()
+      local ctx = stubborn(3)
+      local pids = ctx:pids()
+      ctx:terminate(600, 1)
+      local evs, due = ctx:poll()
+      assert.are.same({}, evs)
+      assert.is_true(due > 1 and due <= 600, tostring(due))
+      for _, pid in ipairs(pids) do assert.is_true(H.alive(pid)) end
+      ctx:terminate(0.2, 1)                     -- a shorter grace brings its SIGKILL forward
+      local got = events(ctx, 1)
+      assert.are.equal(pids[2], got[1].pid)
+      assert.are.equal(-9, got[1].exitcode)
+      assert.is_true(got[1].terminated)
+      assert.is_true(H.alive(pids[1]) and H.alive(pids[3]))
+      assert.is_nil(select(2, ctx:poll()))      -- nothing else is due
+      ctx:terminate(0, 2)                       -- 0: SIGKILL now
+      got = events(ctx, 1)
+      assert.are.equal(-9, got[2].exitcode)
+      assert.is_true(ctx.processes[1]:is_alive())
+      assert.has_error(function() ctx:terminate(1, 3) end, "bad argument #2 to 'ProcessContext.terminate' (rank from 0 to 2 expected, got 3)")
+      ctx:terminate(0)
+      assert.is_true(ctx:join(60))              -- ended by us: no failure
+      ctx:close()
+    end)
+
     it("terminate(0) kills at once; terminate after the end changes nothing", function()
       local ctx = stubborn(3)
       ctx:terminate(0)

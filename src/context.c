@@ -377,10 +377,24 @@ static int ctx_join(lua_State *L) {
   return 1;
 }
 
-/* terminate([grace]): see mp_terminate; returns at once. */
+/* The worker 'rank' (0-based) at 'arg'. */
+static int check_rank(lua_State *L, const mp_Context *ctx, int arg) {
+  lua_Integer rank = mp_checkinteger(L, arg);
+  if (rank < 0 || rank >= ctx->nprocs)
+    mp_argerror(L, arg, lua_pushfstring(L, "rank from 0 to %d expected, "
+                                           "got %I", ctx->nprocs - 1, rank));
+  return (int)rank;
+}
+
+/* terminate([grace [, rank]]): see mp_terminate (every worker) and
+** mp_terminate_rank (one); returns at once. */
 static int ctx_terminate(lua_State *L) {
   mp_Context *ctx = check_owned(L, mp_checkcontext(L, 1));
-  mp_terminate(ctx, check_seconds(L, 2, "grace", MP_DEFAULT_GRACE));
+  double grace = check_seconds(L, 2, "grace", MP_DEFAULT_GRACE);
+  if (lua_isnoneornil(L, 3))
+    mp_terminate(ctx, grace);
+  else
+    mp_terminate_rank(ctx, check_rank(L, ctx, 3), grace);
   return 0;
 }
 
@@ -392,12 +406,8 @@ static int ctx_poll(lua_State *L) {
 /* The worker 'rank' may start again: it ended, poll() told, and no ending
 ** is under way. */
 static mp_Worker *check_restart(lua_State *L, mp_Context *ctx, int arg) {
-  lua_Integer rank = mp_checkinteger(L, arg);
-  mp_Worker *w;
-  if (rank < 0 || rank >= ctx->nprocs)
-    mp_argerror(L, arg, lua_pushfstring(L, "rank from 0 to %d expected, "
-                                           "got %I", ctx->nprocs - 1, rank));
-  w = &ctx->workers[rank];
+  int rank = check_rank(L, ctx, arg);
+  mp_Worker *w = &ctx->workers[rank];
   if (ctx->closed || ctx->ending != MP_END_NONE)
     luaL_error(L, "ProcessContext.restart: the context is %s",
                ctx->closed ? "closed" : "being terminated");

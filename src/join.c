@@ -249,10 +249,40 @@ static void begin_term(mp_Context *ctx, double grace) {
   if (grace <= 0) kill_all(ctx);
 }
 
+/* When the first ending of a single worker (mp_terminate_rank) is due for
+** its SIGKILL; INFINITY when none is under way. */
+static double rank_due(const mp_Context *ctx) {
+  double at = INFINITY;
+  int i;
+  for (i = 0; i < ctx->started; i++) {
+    const mp_Worker *w = &ctx->workers[i];
+    if (w->kill_at > 0 && w->state == MP_RUNNING) at = fmin(at, w->kill_at);
+  }
+  return at;
+}
+
+/* When the ending of the whole context or of one worker moves on next. */
+static double next_due(const mp_Context *ctx) {
+  return fmin(ctx->ending != MP_END_NONE ? ctx->next_at : INFINITY,
+              rank_due(ctx));
+}
+
+/* SIGKILL to the single workers whose grace is over. */
+static void advance_ranks(mp_Context *ctx, double now) {
+  int i;
+  for (i = 0; i < ctx->started; i++) {
+    mp_Worker *w = &ctx->workers[i];
+    if (w->kill_at <= 0 || now < w->kill_at) continue;
+    w->kill_at = 0;
+    if (!mp_reap(w)) mp_signal_worker(w, SIGKILL);
+  }
+}
+
 /* Moves an ending that has begun on when its time has come, never
 ** waiting: what poll() does, and every join. */
 static void advance(mp_Context *ctx) {
   double now = mp_now();
+  advance_ranks(ctx, now);
   if (ctx->ending == MP_END_WAIT && (now >= ctx->next_at || running(ctx) == 0))
     begin_term(ctx, ctx->grace);
   else if (ctx->ending == MP_END_TERM && now >= ctx->next_at)
@@ -293,7 +323,7 @@ static int run_ending(mp_Context *ctx, double deadline, double grace,
     Wake wake;
     step(ctx, grace, grace_given);
     if (running(ctx) == 0) return 1;
-    wake = wait_any(ctx, fmin(deadline, ctx->next_at), in);
+    wake = wait_any(ctx, fmin(deadline, next_due(ctx)), in);
     if (wake == WOKE_INTERRUPT)
       on_interrupt(ctx, grace);
     else if (wake == WOKE_TIMEOUT && mp_now() >= deadline) {
@@ -314,6 +344,24 @@ void mp_terminate(mp_Context *ctx, double grace) {
     kill_all(ctx);
   else if (ctx->ending == MP_END_TERM && at < ctx->next_at)
     ctx->next_at = at;
+  watch_sync(ctx);
+}
+
+void mp_terminate_rank(mp_Context *ctx, int rank, double grace) {
+  mp_Worker *w = &ctx->workers[rank];
+  double at = mp_now() + grace;
+  if (ctx->closed || rank >= ctx->started || w->pid <= 0 || mp_reap(w))
+    return;
+  if (!w->terminated) {
+    w->terminated = 1;
+    if (grace > 0) mp_signal_worker(w, SIGTERM);
+  }
+  if (grace <= 0) {
+    w->kill_at = 0;
+    mp_signal_worker(w, SIGKILL);
+  } else if (w->kill_at <= 0 || at < w->kill_at) {
+    w->kill_at = at;
+  }
   watch_sync(ctx);
 }
 
@@ -365,9 +413,9 @@ int mp_poll(lua_State *L, mp_Context *ctx) {
     push_event(L, w, i);                              /* events ev */
     lua_rawseti(L, -2, ++n);                          /* events */
   }
-  if ((ctx->ending == MP_END_WAIT || ctx->ending == MP_END_TERM) &&
-      !ctx->closed && running(ctx) > 0)
-    lua_pushnumber(L, fmax(0, ctx->next_at - mp_now()));
+  if (!ctx->closed && running(ctx) > 0 && !isinf(next_due(ctx)) &&
+      ctx->ending != MP_END_KILL)
+    lua_pushnumber(L, fmax(0, next_due(ctx) - mp_now()));
   else
     lua_pushnil(L);                                   /* events due */
   mp_stack_check(L, top, 2);
@@ -394,8 +442,7 @@ static void watch_sync(mp_Context *ctx) {
     unwatch(ctx, ctx->reports.sock);
     ctx->watch_sock = 0;
   }
-  arm_timer(ctx, running(ctx) == 0 ? 0
-               : ctx->ending != MP_END_NONE ? ctx->next_at : INFINITY);
+  arm_timer(ctx, running(ctx) == 0 ? 0 : next_due(ctx));
 }
 
 int mp_watch_worker(mp_Worker *w) {

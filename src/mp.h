@@ -129,6 +129,8 @@ typedef struct mp_Worker {
   int terminated;     /* we signalled it: its death is not a failure */
   int polled;         /* its end was reported by ctx:poll() */
   double ended_at;    /* mp_now() when it was reaped */
+  double kill_at;     /* its own ending (mp_terminate_rank): SIGKILL then;
+                         0 when none */
 } mp_Worker;
 
 /* --- the workers' reports: errors and results (reports.c) --- */
@@ -278,6 +280,10 @@ int  mp_poll(lua_State *L, mp_Context *ctx);
 ** SIGTERM, up to 'grace' seconds, SIGKILL; grace 0 is SIGKILL at once,
 ** and then waits only for the kernel to take the workers down. */
 void mp_terminate_all(mp_Context *ctx, double grace);
+/* The same ending for worker 'rank' alone (a pool ends one worker): SIGTERM
+** (+SIGCONT) now, SIGKILL 'grace' seconds later from poll() or a join,
+** at once when 'grace' is 0.  A worker that has ended is left as it is. */
+void mp_terminate_rank(mp_Context *ctx, int rank, double grace);
 /* ctx:fileno(): the context's epoll, made on first use; -errno. */
 int  mp_watch(mp_Context *ctx);
 /* A restarted worker: its pidfd (and a renewed reports' socket) join the
