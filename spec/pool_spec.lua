@@ -713,3 +713,58 @@ describe("mp.Pool at scale:", function()
     assert.truthy(tty:find("\r\27%[Kmiddle\t2\r?\n\r%d/4 done"), tty)
   end)
 end)
+
+-- Issue 20 item 5: a worker costs the parent one descriptor (its pidfd in
+-- the pool's one context); the queues and the board are the pool's.
+for _, method in ipairs(H.methods) do
+  describe("mp.Pool's descriptors, start method " .. method .. ":", function()
+    H.leak_check(before_each, after_each)
+
+    -- our open descriptors, counted by ls through os.execute
+    local function nfds()
+      local out = os.tmpname()
+      assert(os.execute(("ls /proc/%d/fd | wc -l > %s"):format(H.pid(), out)))
+      local n = tonumber(H.read(out):match("%d+"))
+      os.remove(out)
+      return n
+    end
+
+    it("Pool(16) costs the parent at most 3 descriptors a worker, its own ones included", function()
+      local warm = mp.Pool(1, { start_method = method })   -- a forkserver runs
+      warm:close()
+      warm:join()
+      local before = nfds()
+      local pool = mp.Pool(16, { start_method = method })
+      assert.are.equal(32, #pool:map(function(x) return x end, (function()
+        local t = {}
+        for i = 1, 32 do t[i] = i end
+        return t
+      end)(), 1))
+      local used = nfds() - before
+      pool:close()
+      pool:join()
+      assert.is_true(used <= 3 * 16, ("%d descriptors for 16 workers"):format(used))
+      assert.are.equal(before, nfds())
+    end)
+
+    it("Pool(256) starts and maps under ulimit -n 1024 (soft and hard)", function()
+      local script = H.script(([[
+local mp = require "multiprocessing"
+local pool = mp.Pool(256, { start_method = %q })
+local list = {}
+for i = 1, 1024 do list[i] = i end
+local r = pool:map(function(x) return x * 2 end, list)
+local bad = 0
+for i = 1, 1024 do if r[i] ~= i * 2 then bad = bad + 1 end end
+print("mapped", r.n, bad)
+pool:close()
+pool:join()
+print("joined")
+]]):format(method))
+      local out = H.sh(("sh -c 'ulimit -n 1024; timeout -s KILL 600 lua5.4 %s' 2>&1; echo rc=$?")
+                       :format(script))
+      os.remove(script)
+      assert.truthy(out:find("mapped\t1024\t0\njoined\nrc=0\n", 1, true), out)
+    end)
+  end)
+end

@@ -1,26 +1,29 @@
 --- multiprocessing.pool: mp.Pool and its AsyncResult, a task farm over
 -- ProcessContexts.  Its parts: poolcheck.lua (argument checks), fifo.lua
 -- (the job and redo lists), poolsup.lua (workers that start, die, hang or
--- retire), poolworker.lua (a worker's body: take a message of tasks from its
--- own private queue, run them, post the results on the pool's result queue;
--- a module of its own, which a fresh worker loads quickly).
+-- retire: the ranks of one ProcessContext), poolworker.lua (a worker's body:
+-- take a message of tasks from the pool's one task queue, run them, post
+-- the results on its one result queue; a module of its own, which a fresh
+-- worker loads quickly).  The parent holds a descriptor per worker (its
+-- pidfd) and a few for the whole pool.
 --
--- Messages, parent -> worker (its task Queue, which alone carries Lua
--- functions as bytecode: q:_functions()):
---   { mid, fid, mode, n, item1, ..., itemn, fns = {[fid] = fn}, reset = bool }
+-- Messages, parent -> workers (the task Queue, which alone carries Lua
+-- functions as bytecode: q:_functions()); whichever worker is ready takes
+-- the next one:
+--   { mid, fid, mode, n, item1, ..., itemn, fns = {[fid] = fn} }
 --   mode 0: fn(item); 1: fn(table.unpack(item)); 2 (apply_async): the
 --   items are n pairs fid, args and each runs fns[fid](table.unpack(args));
---   false: stop.
--- A function is sent to a worker once (the first message that needs it) and
--- kept there under its id; 'reset' empties that cache when it grows large.
--- Results, worker -> parent (the shared result Queue, data only):
---   { mid, k0, k1, r_k0, ..., r_k1, e = {[k] = {text, value}}, d = seconds }
+--   false: stop.  A message carries every function it needs.
+-- Results, worker -> parent (the result Queue, data only):
+--   { mid, k0, k1, r_k0, ..., r_k1, e = {[k] = {text, value}}, d = seconds,
+--     s = the worker's slot, last = it retires, back = it ran no further }
 --   for items k0..k1 of message mid; a message's results come in order,
---   in one piece or, when its items are slow, in several.
+--   in one piece or, when its items are slow, in several.  Mid 0: the
+--   worker's initializer failed ({ 0, 0, -1, init = traceback }).
 -- Which item a worker is running: word 'slot' of the pool's board
 -- (core._board, shared memory) = mid * 65536 + k, written before each item
--- (0: starting, -1: idle).  That is how a task timeout is seen and which
--- task a dead worker was running.
+-- (0: starting, -1: idle, k = 0: message taken).  That is how a task
+-- timeout is seen and which message and task a dead worker had.
 local core = require "multiprocessing.core"
 local C = require "multiprocessing.poolcheck"
 local F = require "multiprocessing.fifo"
@@ -39,18 +42,17 @@ local check_options, check_sendable, NO_OPTIONS = C.check_options,
                                                   C.check_sendable, C.NO_OPTIONS
 local fifo, push, peek, pop, is_empty = F.new, F.push, F.peek, F.pop,
                                         F.is_empty
-local new_worker, retire, task_name = S.new_worker, S.retire, S.task_name
+local task_name = S.task_name
 
 local MAXMSG = 4096        -- items in one message at most
-local INFLIGHT = 2         -- messages queued to one worker at most
+local INFLIGHT = 2         -- messages out per worker at most
 local SLICE = S.SLICE      -- seconds between looks at the workers
 local TERM_GRACE = 1.0     -- terminate(): the same for the whole pool
-local FNCACHE = 256        -- functions a worker keeps before a reset
 local APPLY_BATCH = 1024  -- apply_async calls gathered while workers are busy
 local APPLY_IDLE = 64     -- ... or while some worker is idle
 local WINDOW = 65536       -- imap: results buffered ahead of the consumer
 local RESULTS_CAP = 64 << 20
-local FDS_PER_WORKER = 10  -- descriptors a worker costs the parent, at most
+local FDS_PER_WORKER = 1   -- descriptors a worker costs the parent (its pidfd)
 
 local START_METHODS = { fork = true, spawn = true, forkserver = true }
 
@@ -215,23 +217,24 @@ function M.new(processes, opts)
     retries = retries,
     progress = type(opts.progress) == "function" and opts.progress
                or opts.progress and core._isatty(2),
-    state = "run", workers = {}, retiring = {}, msgs = {}, nextmid = 1,
+    state = "run", workers = {}, msgs = {}, nextmid = 1, size = 1,
     queue = fifo(), redo = fifo(), fids = setmetatable(
       {}, { __mode = "k" }), nextfid = 1, active = 0, next_check = 0, nmsg = 0,
+    idle_deaths = 0, nretiring = 0,
     ntasks = 0, ndone = 0,      -- tasks given, tasks settled (tostring)
   }, Pool)
-  -- each worker costs the parent several descriptors (its context, its
-  -- task queue): the soft limit is raised for them, as mprun does
+  -- each worker costs the parent a descriptor, the pool a few: the soft
+  -- limit is raised for them, as mprun does
   core._nofile_at_least(processes * FDS_PER_WORKER + 256)
   self.results = mp.Queue(0, { capacity = RESULTS_CAP })
+  self.tasks = mp.Queue()
+  self.tasks:_functions()
   self.cur = core._board(processes)
   self.applies = { kind = "apply", mode = 2, list = {}, n = 0, next = 1,
                    left = 0, chunksize = 1, ars = {}, fids = {}, fns = {},
                    timeouts = {},
                    tries = {}, pool = self }
-  local ok, err = pcall(function()
-    for slot = 1, processes do new_worker(self, slot) end
-  end)
+  local ok, err = pcall(S.start, self)
   if not ok then
     self:terminate()
     error(err, 2)
@@ -243,10 +246,7 @@ function Pool:print(...) return M.print(...) end
 
 -- As of now: Pool (fork, 4 workers, 10 tasks pending, 25 done, run)
 function Pool:__tostring()
-  local alive = 0
-  for _, w in pairs(self.workers) do
-    if w.ctx and not w.ended then alive = alive + 1 end
-  end
+  local alive = self.ctx and S.live_workers(self) or 0
   return ("Pool (%s, %d worker%s, %d task%s pending, %d done, %s)"):format(
     self.start_method, alive, alive == 1 and "" or "s", self.ntasks - self.ndone,
     self.ntasks - self.ndone == 1 and "" or "s", self.ndone, self.state)
@@ -285,16 +285,18 @@ local function enqueue(self, job)
   end
 end
 
--- The next run of 'job' for worker 'w': first position and count, or nil.
-local function next_run(self, job, w)
+-- The next run of 'job': first position and count, or nil.
+local function next_run(self, job)
   local first = job.next
   local rem = job.n - first + 1
   if rem <= 0 or job.abandoned then return nil end
-  local n = min(w.size, MAXMSG, (rem + self.processes - 1) // self.processes)
+  local n = min(self.size, MAXMSG, (rem + self.processes - 1) // self.processes)
   local cs = job.chunksize
   n = max(cs, n - n % cs)
   if job.window then n = min(n, job.consumed + job.window - first) end
-  if self.maxtasks then n = min(n, self.maxtasks - w.assigned) end
+  -- a worker gives back what it has no tasks left for: a message needs
+  -- not to be longer than a worker's life
+  if self.maxtasks then n = min(n, self.maxtasks) end
   n = min(n, rem)
   local skip = job.cancelled
   if skip then   -- a run stops before a cancelled call
@@ -308,66 +310,50 @@ local function next_run(self, job, w)
   return first, n
 end
 
--- Adds to msg.fns the function 'fid' unless the worker has it.
-local function need_fn(w, msg, fid, fn)
-  if w.fns[fid] then return end
-  if w.nfns >= FNCACHE then
-    w.fns, w.nfns, msg.reset = {}, 0, true
-    -- what this message already sends stays known
-    for f in pairs(msg.fns or {}) do w.fns[f], w.nfns = true, w.nfns + 1 end
-  end
-  msg.fns = msg.fns or {}
-  msg.fns[fid] = fn
-  w.fns[fid], w.nfns = true, w.nfns + 1
-end
-
-local function send(self, w, job, first, n)
+local function send(self, job, first, n)
   local mid = self.nextmid
   self.nextmid = mid + 1
-  local msg = { mid, job.fid or 0, job.mode, n, reset = w.reset }
-  w.reset = nil
+  local msg = { mid, job.fid or 0, job.mode, n }
   if job.mode == 2 then
-    local list, fids, fns, known = job.list, job.fids, job.fns, w.fns
+    local list, fids, fns, sent = job.list, job.fids, job.fns, {}
     for k = 1, n do
       local pos = first + k - 1
       local fid = fids[pos]
       msg[3 + 2 * k], msg[4 + 2 * k] = fid, list[pos]
-      if not known[fid] then need_fn(w, msg, fid, fns[pos]) end
+      sent[fid] = fns[pos]
     end
+    msg.fns = sent
   else
     -- the run of the caller's list crosses as a view, not copied into msg
-    need_fn(w, msg, job.fid, job.fn)
+    msg.fns = { [job.fid] = job.fn }
     msg = chunk(msg, job.list, first, n)
   end
-  local ok, sent, why = pcall(w.q.put, w.q, msg)
+  local ok, sent, why = pcall(self.tasks.put, self.tasks, msg)
   if not (ok and sent) then
-    return self:_unsent(w, job, first, n, ok and why or sent)
+    self:_unsent(job, first, n, ok and why or sent)
+    return false
   end
-  self.msgs[mid] = { w = w, job = job, first = first, n = n, upto = 0 }
-  w.inflight[mid] = true
-  w.nmsg, self.nmsg = w.nmsg + 1, self.nmsg + 1
-  w.assigned = w.assigned + n
+  self.msgs[mid] = { job = job, first = first, n = n, upto = 0,
+                     deaths = self.idle_deaths }
+  self.nmsg = self.nmsg + 1
+  return true
 end
 
-local function can_take(self, w, inflight)
-  return w.ctx and not w.killing and not w.stuck and w.nmsg < inflight
-         and not (self.maxtasks and w.assigned >= self.maxtasks)
-end
-
--- Gives worker 'w' one message: a requeued item first, else the next run
--- of the first queued job that has one for it.
-local function feed(self, w)
+-- Sends one message: a requeued item first, else the next run of the
+-- first queued job that has one.
+local function feed(self)
   local queue = self.queue
   local r = pop(self.redo)
   if r then
-    if not r.job.abandoned then send(self, w, r.job, r.pos, 1) end
+    if not r.job.abandoned then return send(self, r.job, r.pos, 1) end
     return
   end
+  local sent
   for qi = queue.head, queue.tail do
     local job = queue[qi]
-    local first, n = next_run(self, job, w)
+    local first, n = next_run(self, job)
     if first then
-      send(self, w, job, first, n)
+      sent = send(self, job, first, n)
       break
     end
   end
@@ -378,21 +364,21 @@ local function feed(self, w)
     pop(queue)
     job = peek(queue)
   end
+  return sent
 end
 
 local function idle(self)
   return is_empty(self.redo) and is_empty(self.queue)
 end
 
--- Gives work to the workers with room: a message to each idle worker
--- first, then a second one to each, so that work spreads.
+-- Sends work while fewer than INFLIGHT messages per worker are out (in
+-- the task queue or being run).
 function Pool:_dispatch()
-  if idle(self) then return end
-  for inflight = 1, INFLIGHT do
-    for _, w in ipairs(self.workers) do
-      if can_take(self, w, inflight) then feed(self, w) end
-      if idle(self) then return end
-    end
+  local limit = INFLIGHT * self.processes
+  while self.nmsg < limit and not idle(self) do
+    local before, redo = self.nextmid, not is_empty(self.redo)
+    if feed(self) == false then return end     -- the queue took nothing
+    if self.nextmid == before and not redo then return end  -- nothing to go
   end
 end
 
@@ -454,22 +440,41 @@ local function task_exception(job, pos, w, e)
   })
 end
 
--- A message could not be put on worker w's queue: its items go to another
--- worker when w is dead, else they fail with the error.  The functions it
--- carried may not have arrived: w's cache starts again.
-function Pool:_unsent(w, job, first, n, err)
+-- A message could not be put on the task queue: its items run later when
+-- no worker can read it now (all are gone: they are replaced), else they
+-- fail with the error.
+function Pool:_unsent(job, first, n, err)
   if core.isinstance(err, core.Interrupted) then self:_interrupted() end
-  w.fns, w.nfns, w.reset = {}, 0, true
-  local dead = S.ended(w) ~= nil
   for pos = first, first + n - 1 do
-    if dead then
+    if err == "closed" then
       push(self.redo, { job = job, pos = pos })
     else
       settle(self, job, pos, false, mk_exception("base", {
-        msg = ("%s could not be sent to pool process %d: %s")
-              :format(task_name(job, pos), w.pid, tostring(err)),
+        msg = ("%s could not be sent to the pool's processes: %s")
+              :format(task_name(job, pos), tostring(err)),
         task = pos }))
     end
+  end
+end
+
+-- Message 'mid' (rec) has all its results: its worker ran n items of it
+-- (res.back: it had no tasks left for the others, which run elsewhere).
+local function message_done(self, mid, rec, res, w)
+  if res.back then
+    local redo = fifo()
+    if not rec.job.abandoned then
+      for i = res[3] + 1, rec.n do push(redo, { job = rec.job, pos = rec.first + i - 1 }) end
+    end
+    for i = self.redo.head, self.redo.tail do push(redo, self.redo[i]) end
+    self.redo = redo
+  end
+  self:_forget(mid)
+  local d = res.d
+  if d and d < 0.002 then self.size = min(self.size * 4, MAXMSG)
+  elseif d and d > 0.02 then self.size = max(1, self.size // 2) end
+  -- (not when it is being lost: _lost replaces it itself)
+  if res.last and w and not w.lost and self.workers[w.slot] == w then
+    self:_retiring(w)
   end
 end
 
@@ -477,10 +482,16 @@ end
 function Pool:_receive(res)
   if not res then return end   -- the parent's own no-op (see _lost)
   local mid, k0, k1 = res[1], res[2], res[3]
+  if mid == 0 then             -- an initializer failed (see poolsup's _lost)
+    self.init_failed = self.init_failed or res.init
+    return
+  end
   local rec = self.msgs[mid]
   if not rec or k0 ~= rec.upto + 1 then return end  -- a worker gone since
   self.unready = 0
-  local job, w, errs = rec.job, rec.w, res.e
+  local w = rec.w or self.workers[res.s]
+  rec.w = w
+  local job, errs = rec.job, res.e
   local base = rec.first - 1
   if job.kind == "map" and not errs and not job.outcomes then
     tmove(res, 4, 4 + k1 - k0, rec.first + k0 - 1, job.results)
@@ -498,18 +509,7 @@ function Pool:_receive(res)
     end
   end
   rec.upto = k1
-  if k1 == rec.n then
-    self.msgs[mid] = nil
-    w.inflight[mid] = nil
-    w.nmsg, self.nmsg = w.nmsg - 1, self.nmsg - 1
-    local d = res.d
-    if d and d < 0.002 then w.size = min(w.size * 4, MAXMSG)
-    elseif d and d > 0.02 then w.size = max(1, w.size // 2) end
-    -- (not when it is being lost: _lost replaces it itself)
-    if res.last and not w.lost and self.workers[w.slot] == w then
-      self:_retiring(w)
-    end
-  end
+  if k1 == rec.n or res.back then message_done(self, mid, rec, res, w) end
   if job.progress then job.progress() end
 end
 
@@ -555,7 +555,16 @@ function Pool:_run(done, timeout, call)
     if self.state == "terminate" and self.active == 0 then return done() end
     local slice = deadline and max(0, min(SLICE, deadline - now())) or SLICE
     local ok, msg = true, nil
-    if slice > 0 then ok, msg = pcall(get_result, results, slice) end
+    if slice > 0 and self.nretiring > 0 then
+      -- a worker that retires is exiting: its slot starts again as soon as
+      -- the engine sees it go, not at the next look
+      ok, msg = pcall(core._poll, { self.ctx:fileno(), results:fileno() },
+                      slice, call)
+      if ok then ok, msg = pcall(get_result, results, 0) end
+      self.next_check = 0
+    elseif slice > 0 then
+      ok, msg = pcall(get_result, results, slice)
+    end
     if not ok then
       self:_queue_error(msg)
     elseif msg ~= nil then
@@ -845,6 +854,7 @@ function Pool:join()
     self:_run(function() return self.active == 0 end, nil, "Pool.join")
     local _ <close> = interrupt_guard(self)
     S.stop_all(self)
+    S.finish(self, 0)
     self.state = "joined"
   end
   self:_release()
@@ -878,30 +888,20 @@ function Pool:terminate()
   self.state = "terminate"
   -- every worker gets its SIGTERM now and its SIGKILL one grace later,
   -- from the engine: the whole pool ends in about one grace
-  for _, w in S.all_workers(self) do
-    if w.ctx then w.ctx:terminate(TERM_GRACE) end
-  end
-  for _, w in S.all_workers(self) do
-    if w.ctx then
-      retire(w, TERM_GRACE)
-    end
-  end
-  self.retiring = {}
+  S.finish(self, TERM_GRACE)
   pcall(fail_pending, self)
   self.active = 0
   self:_release()
 end
 
--- The waiter (src/pool.c) over the results queue and every worker's
+-- The waiter (src/pool.c) over the results queue and the workers'
 -- context, made on first use.
 function Pool:_fileno()
   if self.state == "joined" or self.state == "terminate" then return -1 end
   if not self.waiter then
     self.waiter = core._waiter()
     self.waiter:add(self.results:fileno())
-    for _, w in S.all_workers(self) do
-      if w.ctx then self.waiter:add(w.ctx:fileno()) end
-    end
+    if self.ctx then self.waiter:add(self.ctx:fileno()) end
   end
   return self.waiter:fileno()
 end
@@ -909,6 +909,7 @@ end
 function Pool:_release()
   if self.waiter then self.waiter:close() end
   if self.results then self.results:close() end
+  if self.tasks then self.tasks:close() end
   if self.cur then self.cur:close() end
 end
 

@@ -1,14 +1,16 @@
 --- multiprocessing.poolsup: mp.Pool's supervision of its workers (pool.lua
 -- is the rest of the pool and says what the messages and the board hold):
--- starting a worker in a slot, seeing that one died or hangs, failing or
--- retrying the task it was running, and starting another in its place.
+-- starting the workers, seeing that one died or hangs, failing or retrying
+-- the task it was running, and starting another in its place.
 --
--- Each worker is a ProcessContext of one process (start_processes with the
--- pool's start method, join = false), so one worker can be ended and
--- replaced without touching the others, and dies with the parent like any
--- worker.  Its body is poolworker.worker, configured by one table.  The
--- pool decides which worker ends and which task fails or runs again; every
--- signal and wait is the engine's (ctx:terminate(grace), ctx:poll()).
+-- The workers are the ranks of ONE ProcessContext (start_processes of N
+-- with the pool's start method, join = false), started in one go; each
+-- costs the parent one descriptor (its pidfd), and the pool's queues and
+-- board are shared by all.  One worker ends alone (ctx:terminate(grace,
+-- rank)) and starts again alone (ctx:restart(rank)).  Its body is
+-- poolworker.worker, configured by one table.  The pool decides which
+-- worker ends and which task fails or runs again; every signal and wait is
+-- the engine's (ctx:terminate, ctx:poll()).
 local core = require "multiprocessing.core"
 local W = require "multiprocessing.poolworker"
 local F = require "multiprocessing.fifo"
@@ -26,12 +28,10 @@ M.SLICE = 0.05             -- seconds between looks at the workers
 local SLICE = M.SLICE
 local KILL_GRACE = 0.5     -- the grace the engine gives a worker ended for
                            -- its timeout: SIGTERM, SIGKILL this long after
-local STUCK = 0.5          -- a worker's untaken messages move after this long
-
-local function mp_isinstance(v, tname)
-  local mp = require "multiprocessing"
-  return mp.isinstance(v, mp[tname])
-end
+local LOST = 0.5           -- a message out of the queue that no worker shows
+                           -- this long after one died while taking: lost
+local STALL = 1.0          -- the task queue moves on no worker's board this
+                           -- long (without a pool timeout): see unblock
 
 function M.task_name(job, pos)
   return job.kind == "apply" and ("apply_async call %d"):format(pos)
@@ -39,37 +39,47 @@ function M.task_name(job, pos)
 end
 local task_name = M.task_name
 
--- Starts a worker in 'slot' of 'pool' and returns it (raises when the
--- start fails).
-function M.new_worker(pool, slot)
-  local mp = require "multiprocessing"
-  local q = mp.Queue()
-  q:_functions()
-  pool.cur:set(slot, 0)
-  local ok, ctx = pcall(mp.start_processes, W.worker, { {
-      tasks = q, results = pool.results, board = pool.cur, slot = slot,
-      title = ("pool worker %d (%s)"):format(slot, pool.script),
-      maxtasks = pool.maxtasks, initializer = pool.initializer,
-      initargs = pool.initargs } }, 1, false, false, pool.start_method)
-  if not ok then
-    q:close()
-    error(ctx, 0)
-  end
-  local w = { slot = slot, ctx = ctx, q = q, pid = ctx:pids()[1], inflight = {}, nmsg = 0,
-              assigned = 0, size = 1, fns = {}, nfns = 0,
-              seen = 0, since = now() }
-  pool.workers[slot] = w
-  if pool.waiter then pool.waiter:add(ctx:fileno()) end
-  return w
+local function new_worker(slot, pid)
+  return { slot = slot, rank = slot - 1, pid = pid, seen = 0, since = now() }
 end
-local new_worker = M.new_worker
 
--- The item a worker was running: rec, k; or nil.
+-- Starts the pool's workers, all in one start_processes (raises when the
+-- start fails).
+function M.start(pool)
+  local mp = require "multiprocessing"
+  local n = pool.processes
+  for slot = 1, n do pool.cur:set(slot, 0) end
+  pool.ctx = mp.start_processes(W.worker, { {
+      tasks = pool.tasks, results = pool.results, board = pool.cur,
+      title = { "pool worker ", (" (%s)"):format(pool.script) },
+      maxtasks = pool.maxtasks, initializer = pool.initializer,
+      initargs = pool.initargs } }, n, false, false, pool.start_method)
+  local pids = pool.ctx:pids()
+  for slot = 1, n do pool.workers[slot] = new_worker(slot, pids[slot]) end
+end
+
+-- Takes the engine's news of the workers that ended (ctx:poll(), which
+-- also advances an ending the engine is carrying out): w.ended = the
+-- event, with exitcode, signal and terminated.
+function M.poll(self)
+  if not self.ctx then return end
+  for _, ev in ipairs((self.ctx:poll())) do
+    local w = self.workers[ev.rank + 1]
+    if w and w.pid == ev.pid then w.ended = ev end
+  end
+end
+
+-- The item a worker is running: rec, k (0: it took the message and has not
+-- started an item; rec.n + 1: it is posting the results); or nil.  The
+-- message is w's from then on.
 local function running_item(self, w)
   local v = self.cur:get(w.slot)
   if v <= 0 then return nil end
   local rec = self.msgs[v // MID]
-  if rec and rec.w == w then return rec, v % MID end
+  if rec and (rec.w == nil or rec.w == w) then
+    rec.w = w
+    return rec, v % MID
+  end
 end
 
 local function exit_text(code)
@@ -111,37 +121,71 @@ function Pool:_killed(job, pos, w, code, timeout)
   self:_settle(job, pos, false, e)
 end
 
--- The end of worker 'w' as the engine reported it (ctx:poll(): its event,
--- with exitcode and signal), or nil while it runs.  Polling also advances
--- an ending the engine is carrying out (SIGKILL once the grace is over).
-local function ended(w)
-  if not w.ended then w.ended = w.ctx:poll()[1] end
-  return w.ended
-end
-M.ended = ended
-
--- Ends worker 'w' and its queue: the engine sends SIGTERM and SIGKILL after
--- 'grace' seconds (0: SIGKILL now), and the worker is reaped.  The
--- messages it never took are read here: what they hold (file_system
--- references of arrays) is given back when they are collected, not lost
--- with the queue.
-function M.retire(w, grace)
-  if not ended(w) then
-    w.ctx:terminate(grace)
-    pcall(w.ctx.join, w.ctx)
-  end
-  w.ctx:close()
-  local q = w.q
-  while q:qsize() > 0 do
-    local ok, msg = pcall(q.get, q, 0)
-    if not ok or msg == nil then break end
-  end
-  q:close()
-  w.ctx = nil
+-- Message 'rec' leaves the pool's books (its items are settled or go
+-- elsewhere).
+function Pool:_forget(mid)
+  self.msgs[mid] = nil
+  self.nmsg = self.nmsg - 1
 end
 
--- Worker 'w' has exited: its unfinished items run again elsewhere, the one
--- it was running fails (or is retried), and a new worker takes its slot.
+-- Items upto+1 .. n of message 'mid' run again (in order, first).
+local function redo_rest(self, mid, rec, redo)
+  self:_forget(mid)
+  for i = rec.upto + 1, rec.n do
+    if not rec.job.abandoned then
+      push(redo, { job = rec.job, pos = rec.first + i - 1 })
+    end
+  end
+end
+
+-- Puts the items of 'redo' ahead of the pool's redo list.
+local function redo_first(self, redo)
+  for i = self.redo.head, self.redo.tail do push(redo, self.redo[i]) end
+  self.redo = redo
+end
+
+-- The pool cannot work (its initializer fails in every worker): raises.
+local function break_pool(self, e)
+  self.broken = e
+  self:terminate()
+  error(e, 0)
+end
+
+-- Why a worker that died before it was ready breaks the pool, or nil.
+local function unready_failure(self, w, code)
+  local init = self.init_failed
+  if init then
+    self.init_failed = nil
+    return mk_exception("raised", {
+      msg = ("\n\n-- pool process %d failed in its initializer with the "
+             .. "following error:\n%s"):format(w.pid, init),
+      pid = w.pid, error_pid = w.pid, error_index = w.slot - 1,
+      exit_code = code })
+  elseif code and code >= 0 then
+    -- an initializer that exits (os.exit(0) too): it would do it again in
+    -- every new worker
+    return mk_exception("exited", {
+      msg = ("pool process %d exited with %s in its initializer, before it "
+             .. "was ready"):format(w.pid, (exit_text(code))),
+      pid = w.pid, error_pid = w.pid, error_index = w.slot - 1,
+      exit_code = code })
+  end
+  -- killed while starting (it happens): the pool gives up when no worker
+  -- gets ready before this many die
+  self.unready = (self.unready or 0) + 1
+  if self.unready > self.processes + 3 then
+    return mk_exception("exited", {
+      msg = ("pool process %d terminated with %s before it was ready, "
+             .. "as did %d others (in the initializer?)")
+            :format(w.pid, (exit_text(code)), self.unready - 1),
+      pid = w.pid, error_pid = w.pid, error_index = w.slot - 1,
+      exit_code = code })
+  end
+end
+
+-- Worker 'w' has exited: the message it held runs again elsewhere, the
+-- item it was running fails (or is retried), and a new worker takes its
+-- slot.
 function Pool:_lost(w)
   w.lost = true
   -- A worker killed while it wrote its results leaves that message half
@@ -150,119 +194,82 @@ function Pool:_lost(w)
   -- waiting: a full queue has writers enough).
   pcall(self.results.put, self.results, false, 0)
   self:_drain()
-  local code = ended(w).exitcode
-  local ok, err = pcall(w.ctx.join, w.ctx, 0)
+  local code = w.ended.exitcode
+  local v = self.cur:get(w.slot)
   local rec, k = running_item(self, w)
-  local mids = {}
-  for mid in pairs(w.inflight) do mids[#mids + 1] = mid end
-  table.sort(mids)
-  local redo = F.new()
-  self.nmsg = self.nmsg - #mids
-  for _, mid in ipairs(mids) do
-    local r = self.msgs[mid]
-    self.msgs[mid] = nil
-    for i = r.upto + 1, r.n do
-      local pos = r.first + i - 1
+  if v == -1 then
+    -- it may have died between taking a message and saying so
+    self.idle_deaths = self.idle_deaths + 1
+  end
+  if rec then
+    local mid = v // MID
+    local redo = F.new()
+    for i = rec.upto + 1, rec.n do
+      local pos = rec.first + i - 1
       -- the item it was running; or every item, when it died posting
       -- their results (a task that closed its descriptors, say): each
       -- counts as a try, so that this cannot go on for ever
-      if r == rec and (i == k or k > r.n) then
-        self:_killed(r.job, pos, w, code, w.killing and w.killing.timeout)
-      elseif not r.job.abandoned then
-        push(redo, { job = r.job, pos = pos })
+      if i == k or k > rec.n then
+        self:_killed(rec.job, pos, w, code, w.killing and w.killing.timeout)
+      elseif not rec.job.abandoned then
+        push(redo, { job = rec.job, pos = pos })
       end
     end
+    self:_forget(mid)
+    redo_first(self, redo)
   end
-  -- requeued items go first, in order
-  for i = self.redo.head, self.redo.tail do push(redo, self.redo[i]) end
-  self.redo = redo
-  local started = self.cur:get(w.slot) ~= 0
-  M.retire(w, 0)
-  w.inflight = {}
-  if not ok and not started
-      and mp_isinstance(err, "ProcessRaisedException") then
-    -- the worker itself failed (its initializer): the pool cannot work
-    self.broken = err
-  elseif not started and code and code >= 0 then
-    -- an initializer that exits (os.exit(0) too): it would do it again in
-    -- every new worker
-    self.broken = mk_exception("exited", {
-      msg = ("pool process %d exited with %s in its initializer, before it "
-             .. "was ready"):format(w.pid, (exit_text(code))),
-      pid = w.pid, error_pid = w.pid, error_index = w.slot - 1,
-      exit_code = code })
-  elseif not started then
-    -- killed while starting (it happens): the pool gives up when no
-    -- worker gets ready before this many die
-    self.unready = (self.unready or 0) + 1
-    if self.unready > self.processes + 3 then
-      self.broken = mk_exception("exited", {
-        msg = ("pool process %d terminated with %s before it was ready, "
-               .. "as did %d others (in the initializer?)")
-              :format(w.pid, (exit_text(code)), self.unready - 1),
-        pid = w.pid, error_pid = w.pid, error_index = w.slot - 1,
-        exit_code = code })
-    end
-  end
-  if self.broken then
-    self:terminate()
-    error(self.broken, 0)
+  if v == 0 and not w.killing then
+    local e = unready_failure(self, w, code)
+    if e then break_pool(self, e) end
   end
   if self.state ~= "terminate" then self:_restart(w) end
 end
 
--- Starts a worker in w's slot.  A start that fails (EAGAIN, EMFILE, a
--- forkserver that died) leaves the slot empty for the next look; the
+-- Starts a worker again in w's slot.  A start that fails (EAGAIN, EMFILE,
+-- a forkserver that died) leaves the slot down for the next look; the
 -- third failure in a row breaks the pool with its error.
 function Pool:_restart(w)
-  local ok, err = pcall(new_worker, self, w.slot)
-  if ok then return end
+  self.cur:set(w.slot, 0)
+  local pid, err = self.ctx:restart(w.rank)
+  if pid then
+    self.workers[w.slot] = new_worker(w.slot, pid)
+    return
+  end
   local fails = (w.start_fails or 0) + 1
-  self.workers[w.slot] = { slot = w.slot, start_fails = fails, inflight = {},
-                           nmsg = 0, assigned = 0, fns = {}, nfns = 0 }
-  if fails >= 3 then
-    self.broken = err
-    self:terminate()
-    error(err, 0)
-  end
+  self.workers[w.slot] = { slot = w.slot, rank = w.rank, start_fails = fails,
+                           down = true }
+  if fails >= 3 then break_pool(self, err) end
 end
 
--- Takes back the messages worker 'w' has not taken from its queue: their
--- items go first in the redo list, for the other workers.  What w has
--- taken meanwhile stays its own (each message goes to one reader).  The
--- functions those messages carried never reached w: its cache starts again.
-local function take_back(self, w)
-  local q, back = w.q, F.new()
-  while q:qsize() > 0 do
-    local ok, msg = pcall(q.get, q, 0)
-    if not ok or not msg then break end
-    local mid = msg[1]
-    local r = self.msgs[mid]
-    if r and r.w == w then
-      self.msgs[mid], w.inflight[mid] = nil, nil
-      w.nmsg, self.nmsg = w.nmsg - 1, self.nmsg - 1
-      w.assigned = w.assigned - r.n
-      if not r.job.abandoned then
-        for pos = r.first, r.first + r.n - 1 do
-          push(back, { job = r.job, pos = pos })
-        end
-      end
+-- Messages out of the queue that no worker shows and no result names,
+-- after a worker died between taking a message and saying so (board -1):
+-- the oldest of them is the one it took.  Such a message is sent again
+-- when it stays so for LOST seconds.  (A live worker says so within
+-- microseconds of its get; one that was only slow runs it twice, the
+-- first run's results are dropped.)
+local function recover(self, t)
+  local unowned = {}
+  for mid, rec in pairs(self.msgs) do
+    if not rec.w and rec.upto == 0 and rec.deaths < self.idle_deaths then
+      unowned[#unowned + 1] = mid
+    else
+      rec.lost_at = nil
     end
   end
-  w.fns, w.nfns, w.reset = {}, 0, true
-  for i = self.redo.head, self.redo.tail do push(back, self.redo[i]) end
-  self.redo = back
-end
-
--- Whether a worker other than 'w' is ready to take work.
-local function other_ready(self, w)
-  for _, o in ipairs(self.workers) do
-    if o ~= w and o.ctx and not o.killing and not o.stuck
-        and self.cur:get(o.slot) ~= 0 then
-      return true
+  if #unowned == 0 then return end
+  table.sort(unowned)
+  local out = #unowned - self.tasks:qsize()
+  local redo = F.new()
+  for i, mid in ipairs(unowned) do
+    local rec = self.msgs[mid]
+    if i > out then
+      rec.lost_at = nil
+    else
+      rec.lost_at = rec.lost_at or t
+      if t - rec.lost_at > LOST then redo_rest(self, mid, rec, redo) end
     end
   end
-  return false
+  redo_first(self, redo)
 end
 
 -- Whether process 'pid' is stopped (SIGSTOP, SIGTSTP, a tracer).
@@ -274,27 +281,34 @@ local function stopped(pid)
   return state == "T" or state == "t"
 end
 
--- A worker not running a task while messages wait for it: it is still in
--- its initializer (board 0), or stopped, or blocked.  After STUCK seconds
--- its messages go to another worker that is ready, and it gets no more
--- until it is seen to move.  One that is ready (board -1), or stopped,
--- and still has not taken them after the pool's timeout is ended like a
--- hung task (no task has started, so none fails: they run elsewhere).  An
--- initializer that runs may take as long as it likes.
-local function watch_waiting(self, w, t, v)
-  if w.nmsg == 0 and not w.stuck then
-    w.waiting = nil
-    return
+-- The idle workers (board -1) that are stopped are ended.  An idle worker
+-- waits in the task queue's get holding its read lock, so one stopped
+-- there stops every other reader too: messages wait in the queue, and no
+-- board moves.  It has taken nothing, so no task fails.  (One stopped in
+-- its initializer, board 0, holds no lock and blocks nobody.)
+local function end_stopped(self, also_starting)
+  for _, w in ipairs(self.workers) do
+    local v = not w.down and not w.ended and not w.killing
+              and self.cur:get(w.slot)
+    if v and (v == -1 and stopped(w.pid) or also_starting and v == 0) then
+      w.killing = {}
+      self.ctx:terminate(KILL_GRACE, w.rank)
+    end
   end
-  w.waiting = w.waiting or t
-  local waited = t - w.waiting
-  if self.timeout and waited > self.timeout and (v < 0 or stopped(w.pid)) then
-    w.killing = {}
-    w.ctx:terminate(KILL_GRACE)
-  elseif w.nmsg > 0 and waited > STUCK and other_ready(self, w) then
-    w.stuck = true
-    take_back(self, w)
+end
+
+-- Messages wait in the task queue and no board has moved for the pool's
+-- timeout (STALL without one): a stopped idle worker may hold the queue.
+local function unblock(self, t)
+  if self.moved or self.tasks:qsize() == 0 then
+    self.stall_at = nil
+  elseif not self.stall_at then
+    self.stall_at = t
+  elseif t - self.stall_at > (self.timeout or STALL) then
+    self.stall_at = nil
+    end_stopped(self, false)
   end
+  self.moved = false
 end
 
 -- A live worker: ended (by the engine) when its task has run past its
@@ -303,100 +317,111 @@ local function watch(self, w, t)
   if w.killing then return end   -- the engine is ending it
   local v = self.cur:get(w.slot)
   if v ~= w.seen then
-    w.seen, w.since, w.waiting, w.stuck = v, t, nil, nil
+    w.seen, w.since, self.moved = v, t, true
+    running_item(self, w)        -- the message is w's
     return
   end
-  if v <= 0 then return watch_waiting(self, w, t, v) end
+  if v <= 0 then return end
   local rec, k = running_item(self, w)
-  if not rec or k > rec.n then return end   -- none, or posting results
+  if not rec or k < 1 or k > rec.n then return end   -- none, or posting
   local job, pos = rec.job, rec.first + k - 1
   local limit = job.kind == "apply" and job.timeouts[pos] or job.timeout
                 or self.timeout
   if limit and t - w.since > limit then
     w.killing = { timeout = limit }
-    w.ctx:terminate(KILL_GRACE)
+    self.ctx:terminate(KILL_GRACE, w.rank)
   end
 end
 
 -- Worker 'w' has posted its last results (maxtasksperchild) and exits: a
--- new worker takes its slot now, and it is reaped once it has gone.
+-- new worker takes its slot once the engine has seen it go.
 function Pool:_retiring(w)
-  local r = self.retiring
-  r[#r + 1] = w
-  if self.state ~= "terminate" then self:_restart(w) end
+  w.retiring = true
+  self.nretiring = self.nretiring + 1
 end
 
--- for _, w in all_workers(pool): the workers in the slots, then the
--- retiring ones.
-function M.all_workers(self)
-  local list = {}
-  for _, w in ipairs(self.workers) do list[#list + 1] = w end
-  for _, w in ipairs(self.retiring) do list[#list + 1] = w end
-  return ipairs(list)
-end
-
--- Reaps the retiring workers that have gone.
-local function reap_retiring(self)
-  local r, keep = self.retiring, {}
-  for _, w in ipairs(r) do
-    if ended(w) then
-      pcall(w.ctx.join, w.ctx, 0)
-      M.retire(w, 0)
-    else
-      keep[#keep + 1] = w
-    end
-  end
-  self.retiring = keep
-end
-
--- Looks at every worker: dead ones are replaced, hung tasks killed, empty
--- slots filled again.
+-- Looks at every worker: dead ones are replaced, hung tasks killed, down
+-- slots started again.
 function Pool:_check()
   local t = now()
   self.next_check = t + SLICE
-  if #self.retiring > 0 then reap_retiring(self) end
+  M.poll(self)
   for _, w in ipairs(self.workers) do
-    if not w.ctx then
-      if w.start_fails and self.state ~= "terminate" then self:_restart(w) end
-    elseif ended(w) then
+    if w.down then
+      if self.state ~= "terminate" then self:_restart(w) end
+    elseif w.ended and w.retiring then
+      self.nretiring = self.nretiring - 1
+      if self.state ~= "terminate" then self:_restart(w) end
+    elseif w.ended then
       self:_lost(w)
     else
       watch(self, w, t)
     end
   end
+  if self.idle_deaths > 0 then recover(self, t) end
+  unblock(self, t)
 end
 
--- join(): every worker gets its stop message and is waited for.  With a
--- pool timeout, one that has not taken it that long after (hung in its
--- initializer, or stopped) is ended.
-function M.stop_all(self)
-  local t0 = now()
+-- The workers that run.
+local function live_workers(self)
+  local n = 0
   for _, w in ipairs(self.workers) do
-    if w.ctx then pcall(w.q.put, w.q, false) end
+    if not w.down and not w.ended then n = n + 1 end
   end
+  return n
+end
+M.live_workers = live_workers
+
+-- join(): every worker gets a stop message and is waited for.  With a
+-- pool timeout, when stop messages are still untaken that long after, the
+-- workers still in their initializer and the stopped idle ones are ended.
+function M.stop_all(self)
+  local t0, ctx = now(), self.ctx
+  M.poll(self)
+  for _, w in ipairs(self.workers) do
+    if not w.down and not w.ended and not w.retiring then
+      pcall(self.tasks.put, self.tasks, false)
+    end
+  end
+  local fd = ctx:fileno()
   while true do
-    local live
-    for _, w in M.all_workers(self) do
-      if w.ctx then
-        if ended(w) then
-          pcall(w.ctx.join, w.ctx, 0)
-          M.retire(w, 0)
-        elseif self.timeout and now() - t0 > self.timeout
-            and w.q:qsize() > 0 and not w.killing then
-          w.killing = {}
-          w.ctx:terminate(KILL_GRACE)
-          live = live or w
-        else
-          live = live or w
-        end
+    M.poll(self)
+    if live_workers(self) == 0 then return end
+    -- a task of a job left early (an imap that raised) may still run: its
+    -- timeout holds here too
+    local t = now()
+    for _, w in ipairs(self.workers) do
+      if not w.down and not w.ended then watch(self, w, t) end
+    end
+    if self.timeout and now() - t0 > self.timeout
+        and self.tasks:qsize() > 0 then
+      end_stopped(self, true)
+    end
+    local ok, err = pcall(core._poll, { fd }, SLICE, "Pool.join")
+    if not ok then
+      if core.isinstance(err, core.Interrupted) then
+        self.call = "Pool.join"
+        self:_interrupted()
       end
+      error(err, 0)
     end
-    if not live then return end
-    local ok, err = pcall(live.ctx.join, live.ctx, SLICE)
-    if not ok and core.isinstance(err, core.Interrupted) then
-      self.call = "Pool.join"
-      self:_interrupted()
-    end
+  end
+end
+
+-- The workers are gone (or going): the context is reaped and closed, and
+-- the messages no worker took are read from the task queue, so that what
+-- they hold (file_system references of arrays) is given back.
+function M.finish(self, grace)
+  local ctx = self.ctx
+  if not ctx then return end
+  self.ctx = nil
+  ctx:terminate(grace)
+  pcall(ctx.join, ctx)
+  ctx:close()
+  local q = self.tasks
+  while q:qsize() > 0 do
+    local ok, msg = pcall(q.get, q, 0)
+    if not ok or msg == nil then break end
   end
 end
 

@@ -64,7 +64,8 @@ local chunk = core._chunk
 -- 'out' as it crosses: its results are only indexed, not walked (codec.c);
 -- the head holds every field of 'out' but the results
 local function view(out)
-  return chunk({ out[1], out[2], out[3], e = out.e, d = out.d, last = out.last },
+  return chunk({ out[1], out[2], out[3], e = out.e, d = out.d, last = out.last,
+                 back = out.back, s = out.s },
                out, 4, out[3] - out[2] + 1)
 end
 local function post(results, out)
@@ -94,11 +95,11 @@ end
 -- while they succeed: the error handler records a failure, and the loop
 -- goes on from the next item.  Partial results go out every FLUSH seconds
 -- (the clock is read per item only once items are seen to be slow).
-local function run_message(msg, fns, results, mark)
-  local mid, mode, n = msg[1], msg[3], msg[4]
+local function run_message(msg, n, fns, results, mark, slot)
+  local mid, mode = msg[1], msg[3]
   local fn = fns[msg[2]]
   local base, start = mid * MID, now()
-  local out, k0, k = { mid, 1 }, 1, 0
+  local out, k0, k = { mid, 1, s = slot }, 1, 0
   local flushed, stride = start, 1
   local function body()
     local mark_, task, msg_, base_ = mark, fn, msg, base
@@ -133,7 +134,7 @@ local function run_message(msg, fns, results, mark)
         if t - flushed >= FLUSH then
           out[3] = k
           post(results, out)
-          k0, flushed, out = k + 1, t, { mid, k + 1 }
+          k0, flushed, out = k + 1, t, { mid, k + 1, s = slot }
         end
       end
     end
@@ -148,34 +149,48 @@ local function run_message(msg, fns, results, mark)
 end
 
 --- The body of a pool worker (a module function: it crosses by reference),
--- configured by one table (poolsup.new_worker): { tasks = its Queue,
--- results = the pool's result Queue, board = the pool's board, slot = its
--- word there, title = its process title, maxtasks, initializer, initargs }.
-function M.worker(_, cfg)
+-- rank 'rank' of the pool's one context, configured by one table
+-- (poolsup.start): { tasks = the pool's task Queue, results = its result
+-- Queue, board = its board (word rank + 1 is this worker's), title = its
+-- process title's two parts around the slot, maxtasks, initializer,
+-- initargs }.
+-- Every worker takes from the one task Queue: a message goes to whichever
+-- is ready first, and each message carries the functions it needs.
+function M.worker(rank, cfg)
   local tasks, results, maxtasks = cfg.tasks, cfg.results, cfg.maxtasks
   local init, initargs = cfg.initializer, cfg.initargs
+  local slot = rank + 1
   tasks:_functions()
   -- what ps, pgrep -f and top show (COMMON interface 4)
-  core._set_title(cfg.title)
-  local mark = cfg.board:marker(cfg.slot)
-  if init then init(unpack(initargs, 1, initargs.n or #initargs)) end
+  core._set_title(cfg.title[1] .. slot .. cfg.title[2])
+  local mark = cfg.board:marker(slot)
+  if init then
+    local ok, e = xpcall(init, function(e)
+      return { e, task_traceback(e) }
+    end, unpack(initargs, 1, initargs.n or #initargs))
+    if not ok then
+      pcall(results.put, results, { 0, 0, -1, init = e[2][1] })
+      error(e[1], 0)
+    end
+  end
   mark(-1)
-  local fns, count = {}, 0
+  local count = 0
   while true do
     local msg = tasks:get()
     if not msg then return end
-    if msg.reset then fns = {} end
-    if msg.fns then
-      for fid, f in pairs(msg.fns) do fns[fid] = f end
-    end
-    local out = run_message(msg, fns, results, mark)
-    count = count + msg[4]
+    local mid, n = msg[1], msg[4]
+    mark(mid * MID)                -- taken, no item started: see poolsup
+    -- a message may hold more items than this worker has left to run: it
+    -- runs what it may and gives the rest back (out.back)
+    local m = maxtasks and min(n, maxtasks - count) or n
+    local out = run_message(msg, m, msg.fns, results, mark, slot)
+    count = count + m
     -- its last message says so: the parent starts the next worker at once
     local last = maxtasks and count >= maxtasks
-    out.last = last or nil
-    mark(msg[1] * MID + msg[4] + 1)   -- posting: see poolsup's _lost
+    out.last, out.back = last or nil, m < n or nil
+    mark(mid * MID + n + 1)        -- posting: see poolsup's lost
     post(results, out)
-    if last then return end          -- (the slot is the next worker's now)
+    if last then return end        -- (the slot is the next worker's now)
     mark(-1)
   end
 end
