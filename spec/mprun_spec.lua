@@ -484,11 +484,13 @@ step()
 
   describe("signals", function()
     -- mprun in the background (where the shell ignores SIGINT for it:
-    -- mprun takes it over); returns its pid and a function that waits for
-    -- its exit status and stderr.
+    -- mprun takes it over), in a session of its own: a spec stops it, and
+    -- a stopped process must not share the test runner's process group (an
+    -- orphaned group with a stopped member is sent SIGHUP).  Returns its pid
+    -- and a function that waits for its exit status and stderr.
     local RUNNER = [[
 pidf=$1 statusf=$2; shift 2
-sh -c 'echo $$ > "$0"; exec "$@"' "$pidf" ./scripts/mprun "$@"
+setsid sh -c 'echo $$ > "$0"; exec "$@"' "$pidf" ./scripts/mprun "$@"
 echo $? > "$statusf"
 ]]
     local function background(args)
