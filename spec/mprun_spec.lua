@@ -663,7 +663,7 @@ echo $? > "$statusf"
 
   describe("status line", function()
     local function pty(args)
-      return sh("script -q -e -c " .. q(MPRUN .. " " .. args) .. " /dev/null")
+      return sh("timeout -s KILL 120 script -q -e -c " .. q(MPRUN .. " " .. args) .. " /dev/null")
     end
     local SLOW = q[[for i = 1, 3 do print("line " .. i); os.execute("sleep 0.3") end]]
 
@@ -682,7 +682,7 @@ echo $? > "$statusf"
       local marker, out = os.tmpname(), os.tmpname()
       local cmd = MPRUN .. " --grace-period 601 -n 2 -- sh -c " .. q(
         ("trap '' TERM; echo up >> %s; while :; do sleep 30.65; done"):format(marker))
-      os.execute(("script -q -e -c %s %s >/dev/null 2>&1 </dev/null &"):format(q(cmd), q(out)))
+      os.execute(("timeout -s KILL 120 script -q -e -c %s %s >/dev/null 2>&1 </dev/null &"):format(q(cmd), q(out)))
       assert.is_truthy(H.eventually(function()
         return select(2, (H.read(marker) or ""):gsub("up", "")) >= 2
       end, 20))

@@ -530,7 +530,7 @@ for _, method in ipairs(H.methods) do
       f:close()
       -- script(1) gives the interpreter a terminal; the input is typed in
       local repl = io.popen(("(sleep 1; cat %s; while [ ! -e %s.sent ]; do sleep 0.1; done; sleep 1)"
-                             .. " | script -qfec 'lua5.4 -i' /dev/null 2>&1"):format(input, input))
+                             .. " | timeout -s KILL 120 script -qfec 'lua5.4 -i' /dev/null 2>&1"):format(input, input))
       local pids = H.wait_pids(pidfile, 20)
       os.execute("sleep 0.5; kill -INT " .. pids[1])
       touch(input .. ".sent")
@@ -677,7 +677,7 @@ describe("mp.Pool at scale:", function()
     assert.are.equal("3\n", out)
     assert.are.equal("", H.read(err))
     -- on a terminal: done/total, rate, failures and ETA
-    local tty = H.sh("script -qfec 'lua5.4 " .. script .. "' /dev/null")
+    local tty = H.sh("timeout -s KILL 120 script -qfec 'lua5.4 " .. script .. "' /dev/null")
     os.remove(script)
     os.remove(err)
     assert.matches("3/3 done", tty)
@@ -706,7 +706,7 @@ describe("mp.Pool at scale:", function()
       .. "for i, v in pool:imap(function(x) os.execute('sleep 0.15') return x end, {1, 2, 3, 4}) do\n"
       .. "  if i == 2 then mp.print('middle', v) end\n"
       .. "end\n")
-    local tty = H.sh("script -qfec 'lua5.4 " .. script .. "' /dev/null")
+    local tty = H.sh("timeout -s KILL 120 script -qfec 'lua5.4 " .. script .. "' /dev/null")
     os.remove(script)
     assert.truthy(tty:find("\nafter\t6\r?\n", 1), tty)
     -- erased, printed, redrawn
