@@ -278,11 +278,12 @@ void mp_array_give_back(lua_State *L, const char *name, int64_t n) {
 }
 
 void mp_array_exit(lua_State *L) {
-  pid_t self = getpid();
+  pid_t self;
   if (lua_getfield(L, LUA_REGISTRYINDEX, OWNED_KEY) != LUA_TTABLE) {
     lua_pop(L, 1);
-    return;
+    return;  /* most workers own no array: not even a getpid */
   }
+  self = getpid();
   lua_pushnil(L);
   while (lua_next(L, -2)) {
     Array *a = (Array *)lua_touserdata(L, -2);

@@ -59,12 +59,13 @@ static int put(int fd, const void *p, size_t n, off_t at) {
   return k == (ssize_t)n;
 }
 
-/* Its tables come with the first reference: most workers never take one. */
-void mp_ledger_open(lua_State *L, int fd, off_t at) {
+/* Its tables come with the first reference: most workers never take one.
+** 'self' is the worker's pid, which it learnt as it detached. */
+void mp_ledger_open(lua_State *L, int fd, off_t at, pid_t self) {
   Ledger *g = (Ledger *)lua_newuserdatauv(L, sizeof(Ledger), UV_N); /* g */
   g->fd = fd;
   g->at = at;
-  g->owner = getpid();
+  g->owner = self;
   g->used = 0;
   luaL_newmetatable(L, LEDGER_T);   /* g mt: a name for luaL_testudata */
   lua_setmetatable(L, -2);                            /* g */

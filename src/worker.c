@@ -586,7 +586,7 @@ void mp_worker_run(lua_State *L, int fn, int args, int rank, int nprocs,
   lua_pop(L, 1);
   watch_exit(to->fd, rank, d->self, d->records);
   mp_sharing_worker(L, d->parent);
-  mp_ledger_open(L, to->fd, mp_reports_ledger_at(rank));
+  mp_ledger_open(L, to->fd, mp_reports_ledger_at(rank), d->self);
   /* Nothing may unwind past here: in a fork, what lies below is a copy
   ** of the parent's stack. */
   lua_pushcfunction(L, run_worker);
