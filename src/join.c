@@ -66,25 +66,21 @@ static void unwatch(mp_Context *ctx, int fd) {
   if (ctx->watch >= 0 && fd >= 0) epoll_ctl(ctx->watch, EPOLL_CTL_DEL, fd, NULL);
 }
 
-/* Reaps the worker if it has exited.  Whatever is left in its process group
+/* Reaps the worker if it has exited ('exited': its pidfd said so, and no
+** WNOWAIT probe needs to ask again).  Whatever is left in its process group
 ** is killed first, while the exited leader still holds the group's id (so
 ** the id cannot have been reused): a worker's children never outlive it. */
-int mp_reap(mp_Worker *w) {
+static int reap(mp_Worker *w, int exited) {
   siginfo_t si;
   int r;
   if (w->state == MP_EXITED) return 1;
-  r = mp_wait_child(w->pid, w->pidfd, &si, WNOHANG | WNOWAIT);
-  if (r == 0) {
-    if (si.si_pid == 0) return 0;
-    killpg(w->pid, SIGKILL);
-    mp_wait_child(w->pid, w->pidfd, &si, 0);
-    w->exitcode = mp_exit_code(&si);
-  } else if (r == -ECHILD) {
-    killpg(w->pid, SIGKILL);
-    w->exitcode = lost_status(w);
-  } else {
-    return 0;
+  if (!exited) {
+    r = mp_wait_child(w->pid, w->pidfd, &si, WNOHANG | WNOWAIT);
+    if (r == 0 ? si.si_pid == 0 : r != -ECHILD) return 0;  /* running */
   }
+  killpg(w->pid, SIGKILL);
+  r = mp_wait_child(w->pid, w->pidfd, &si, 0);
+  w->exitcode = r == 0 ? mp_exit_code(&si) : lost_status(w);  /* ECHILD */
   /* A forked worker of another context may hold a copy of the pidfd: the
   ** epoll would go on seeing it after our close. */
   unwatch(w->ctx, w->pidfd);
@@ -96,6 +92,10 @@ int mp_reap(mp_Worker *w) {
   ** news must still be woken. */
   arm_timer(w->ctx, 0);
   return 1;
+}
+
+int mp_reap(mp_Worker *w) {
+  return reap(w, 0);
 }
 
 void mp_discard(mp_Worker *w) {
@@ -196,7 +196,8 @@ static Wake wait_any(mp_Context *ctx, double deadline, mp_Interrupt *in) {
     }
   }
   for (k = 0; r > 0 && k < n; k++)
-    if (fds[k].revents != 0 && who[k] != NULL) mp_reap(who[k]);
+    if (fds[k].revents != 0 && who[k] != NULL)
+      reap(who[k], (fds[k].revents & POLLIN) != 0);  /* readable: exited */
   if (in != NULL && mp_interrupt_took(in)) wake = WOKE_INTERRUPT;
   free(fds);
   free(who);
