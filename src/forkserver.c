@@ -196,6 +196,7 @@ static void worker_child(lua_State *sub, const Job *job, int rank) {
   job->fds[MP_WFD_LIFELINE] = -1;
   to.fd = job->fds[MP_WFD_REPORTS];
   to.sock = job->fds[MP_WFD_RSOCK];
+  to.table = NULL;  /* marks are written with pwrite */
   mp_worker_run(sub, 1, 2, rank, job->rq->nprocs, &to, &d);
 }
 

@@ -44,6 +44,7 @@ typedef struct Entry {
 
 typedef struct Ledger {
   int fd;                       /* the context's report memfd */
+  mp_Mark mark;                 /* set before the first entry is written */
   off_t at;                     /* where this worker's ledger starts */
   pid_t owner;                  /* a fork of the worker writes no ledger */
   uint64_t used;                /* entries ever used */
@@ -61,9 +62,11 @@ static int put(int fd, const void *p, size_t n, off_t at) {
 
 /* Its tables come with the first reference: most workers never take one.
 ** 'self' is the worker's pid, which it learnt as it detached. */
-void mp_ledger_open(lua_State *L, int fd, off_t at, pid_t self) {
+void mp_ledger_open(lua_State *L, int fd, off_t at, pid_t self,
+                    const mp_Mark *mark) {
   Ledger *g = (Ledger *)lua_newuserdatauv(L, sizeof(Ledger), UV_N); /* g */
   g->fd = fd;
+  g->mark = *mark;
   g->at = at;
   g->owner = self;
   g->used = 0;
@@ -105,8 +108,9 @@ static lua_Integer new_entry(lua_State *L, Ledger *g, int spare) {
     lua_rawseti(L, spare, n);
     return k;
   }
-  if (g->used >= LEDGER_ENTRIES || !put(g->fd, &used, sizeof used, g->at))
-    return -1;
+  if (g->used >= LEDGER_ENTRIES) return -1;
+  if (g->used == 0) mp_mark_set(&g->mark);  /* the parent reads it now */
+  if (!put(g->fd, &used, sizeof used, g->at)) return -1;
   return (lua_Integer)g->used++;
 }
 

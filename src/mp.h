@@ -105,6 +105,7 @@
 #define mp_h
 
 #include <signal.h>
+#include <stdint.h>
 #include <sys/types.h>
 #include "lua.h"
 #include "lauxlib.h"
@@ -145,10 +146,18 @@ typedef struct mp_Reports {
   mp_Stashed *stash;      /* descriptors that came, until their report is
                              taken (fd -1: some were truncated) */
   size_t nstash, capstash;
+  void *table;            /* the memfd's table of marks, mapped (reports.c),
+                             or NULL: read the slots to know */
 } mp_Reports;
 
-/* Where a worker reports to: the memfd and its end of the socket. */
-typedef struct mp_ReportTo { int fd, sock; } mp_ReportTo;
+/* Where a worker reports to: the memfd and its end of the socket, and the
+** table of marks when it is mapped here (a fork inherits the parent's
+** mapping; NULL: marks are written with pwrite). */
+typedef struct mp_ReportTo { int fd, sock; void *table; } mp_ReportTo;
+/* One word of that table a worker sets: through the mapping when there is
+** one, else with pwrite at 'at' in 'fd'. */
+typedef struct mp_Mark { uint32_t *word; int fd; off_t at; } mp_Mark;
+void mp_mark_set(const mp_Mark *m);   /* async-signal-safe */
 
 /* A report's kind, in its header in the memfd: explicit values. */
 typedef enum mp_ReportKind {
@@ -178,10 +187,13 @@ void mp_report_free(mp_Report *rep);   /* closes the descriptors left */
 ** exit, os.exit, a fatal signal it can catch), so that a parent whose host
 ** reaped the worker behind its back still knows how it ended.  put is
 ** async-signal-safe; get gives MP_EXIT_UNKNOWN when nothing was written. */
-void mp_reports_exit_put(int fd, int rank, int code);
+void mp_reports_exit_put(const mp_ReportTo *to, int rank, int code);
 int  mp_reports_exit_get(const mp_Reports *r, int rank);
-/* Where in the memfd the ledger of worker 'rank' is (ledger.c). */
+/* Where in the memfd the ledger of worker 'rank' is (ledger.c), and the
+** mark its first entry sets, so that the parent reads only ledgers that
+** were written. */
 off_t mp_reports_ledger_at(int rank);
+mp_Mark mp_reports_ledger_mark(const mp_ReportTo *to, int rank);
 /* Every worker gone: the reports of ranks 0..n-1 nobody took (the results
 ** of a context that failed or was closed) give back the shared memory and
 ** descriptors they carry (MP_CODEC_DISCARD). */

@@ -2,7 +2,8 @@
 ** reports.c -- where workers leave their error reports and results.
 **
 ** One anonymous memfd per context, one slot per worker at offset
-** rank * SLOT_SIZE (the file is sparse: untouched slots cost nothing).  A
+** TABLE_BYTES + rank * SLOT_SIZE (the file is sparse: untouched slots cost
+** nothing).  A
 ** worker writes its report, then the slot's header; the parent reads a slot
 ** only after the worker has exited.  Unlike a pipe, the file cannot fill up
 ** and block a dying worker, however long its traceback.  Unlike files in a
@@ -19,13 +20,23 @@
 ** ends: a restarted worker (ctx:restart) gets it too.
 **
 ** A slot starts with the worker's ledger of file_system references
-** (ledger.c, MP_LEDGER_BYTES, read when the context settles), then its exit
-** record (the worker's own word on how it left, for when the host reaped
-** it behind our back), then its report.  Rank 0's report and ledger are at the start of the file, so a
+** (ledger.c, MP_LEDGER_BYTES, read when the context settles), then its
+** report.  Rank 0's report and ledger are near the start of the file, so a
 ** single worker writes nowhere near an RLIMIT_FSIZE.
+**
+** Before the slots, a table of marks, one Marks per rank: the worker's exit
+** record (its own word on how it left, for when the host reaped it behind
+** our back), and whether it wrote a report or a ledger at all.  The parent
+** maps the table (a fork inherits the mapping and sets its marks with plain
+** stores; a fresh worker writes them with pwrite), so that a worker that
+** wrote nothing costs its parent no read: most trivial workers write
+** nothing.  A mark is set before what it announces is written, so a worker
+** killed in between leaves a mark over an empty slot (read as empty), never
+** a written slot without its mark.
 */
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,8 +50,9 @@
 #include "sharing.h"
 
 #define SLOT_SIZE ((off_t)1 << 32)   /* a report may take up to 4 GiB */
-#define EXIT_AT    MP_LEDGER_BYTES   /* in a slot: the ExitRecord */
-#define REPORT_AT  (EXIT_AT + (off_t)sizeof(ExitRecord))
+#define TABLE_RANKS 65536            /* context.c's MAX_PROCS */
+#define TABLE_BYTES ((off_t)TABLE_RANKS * (off_t)sizeof(Marks))
+#define REPORT_AT  MP_LEDGER_BYTES   /* in a slot: the report's header */
 #define REPORT_SIZE_MAX (SLOT_SIZE - REPORT_AT - (off_t)sizeof(ReportHeader))
 #define REPORT_FDS_MAX (1u << 20)    /* more than any process may hold */
 
@@ -50,10 +62,13 @@ typedef struct ReportHeader {
   uint64_t size;
 } ReportHeader;
 
-typedef struct ExitRecord {
-  uint32_t magic;    /* EXIT_MAGIC once written */
-  int32_t code;      /* as mp_Worker.exitcode: status, or -signal */
-} ExitRecord;
+/* A rank's marks: each word is written alone (a fresh worker pwrites it). */
+typedef struct Marks {
+  uint32_t report;   /* a report header may be in the slot */
+  uint32_t ledger;   /* the ledger may hold entries */
+  uint32_t magic;    /* EXIT_MAGIC once the exit record is written ... */
+  int32_t code;      /* ... as mp_Worker.exitcode: status, or -signal */
+} Marks;
 #define EXIT_MAGIC 0x45584954u
 
 typedef struct FdHeader {
@@ -66,17 +81,71 @@ static void close_fd(int *fd) {
   *fd = -1;
 }
 
+static off_t slot_at(int rank) {
+  return TABLE_BYTES + (off_t)rank * SLOT_SIZE;
+}
+
+static off_t marks_at(int rank) {
+  return (off_t)rank * (off_t)sizeof(Marks);
+}
+
+/* The parent maps the table (the file grows to hold it; it stays sparse);
+** NULL when it cannot, and every slot is then read to know. */
+static void *map_table(int fd) {
+  void *t;
+  if (ftruncate(fd, TABLE_BYTES) != 0) return NULL;
+  t = mmap(NULL, (size_t)TABLE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+           0);
+  return t == MAP_FAILED ? NULL : t;
+}
+
+static Marks *marks_of(void *table, int rank) {
+  return table != NULL && rank >= 0 && rank < TABLE_RANKS
+         ? (Marks *)table + rank : NULL;
+}
+
+void mp_mark_set(const mp_Mark *m) {
+  static const uint32_t one = 1;
+  if (m->word != NULL)
+    __atomic_store_n(m->word, one, __ATOMIC_RELEASE);
+  else if (m->fd >= 0)
+    (void)!pwrite(m->fd, &one, sizeof one, m->at);
+}
+
+static mp_Mark mark_of(const mp_ReportTo *to, int rank, size_t field) {
+  mp_Mark m;
+  Marks *t = marks_of(to->table, rank);
+  m.word = t != NULL ? (uint32_t *)((char *)t + field) : NULL;
+  m.fd = to->fd;
+  m.at = marks_at(rank) + (off_t)field;
+  return m;
+}
+
+/* 0 only when the table says that the worker never set the mark. */
+static int marked(const mp_Reports *r, int rank, size_t field) {
+  Marks *t = marks_of(r->table, rank);
+  return t == NULL ||
+         __atomic_load_n((uint32_t *)((char *)t + field), __ATOMIC_ACQUIRE);
+}
+
+static void unmark(const mp_Reports *r, int rank, size_t field) {
+  Marks *t = marks_of(r->table, rank);
+  if (t != NULL) *(uint32_t *)((char *)t + field) = 0;
+}
+
 int mp_reports_create(mp_Reports *r) {
   int sv[2];
   r->sock = r->peer = -1;
   r->eof = 0;
   r->stash = NULL;
   r->nstash = r->capstash = 0;
+  r->table = NULL;
   r->fd = memfd_create("lua-multiprocessing-reports", MFD_CLOEXEC);
   if (r->fd < 0) return errno;
+  r->table = map_table(r->fd);
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
     int err = errno;
-    close_fd(&r->fd);
+    mp_reports_close(r);
     return err;
   }
   r->sock = sv[0];
@@ -86,6 +155,8 @@ int mp_reports_create(mp_Reports *r) {
 
 void mp_reports_close(mp_Reports *r) {
   size_t i;
+  if (r->table != NULL) munmap(r->table, (size_t)TABLE_BYTES);
+  r->table = NULL;
   close_fd(&r->fd);
   close_fd(&r->sock);
   close_fd(&r->peer);
@@ -178,7 +249,7 @@ static int send_report_fds(int sock, int rank, const int *fds,
 /* --- the file ------------------------------------------------------------ */
 
 static off_t report_at(int rank) {
-  return (off_t)rank * SLOT_SIZE + REPORT_AT;
+  return slot_at(rank) + REPORT_AT;
 }
 
 static int write_at(int fd, const void *p, size_t n, off_t at) {
@@ -212,9 +283,11 @@ int mp_reports_put(const mp_ReportTo *to, int rank, int kind,
                    size_t nfds) {
   off_t slot = report_at(rank);
   ReportHeader h;
+  mp_Mark m = mark_of(to, rank, offsetof(Marks, report));
   int err;
   if (size > (size_t)REPORT_SIZE_MAX || nfds > UINT32_MAX)
     return EFBIG;
+  mp_mark_set(&m);
   if (nfds > 0 && (err = send_report_fds(to->sock, rank, fds, nfds)) != 0)
     return err;
   err = write_at(to->fd, data, size, slot + (off_t)sizeof h);
@@ -239,7 +312,8 @@ int mp_reports_take(mp_Reports *r, int rank, int kind, mp_Report *out) {
   ReportHeader h;
   int err = 0;
   memset(out, 0, sizeof *out);
-  if (r->fd < 0 || read_at(r->fd, &h, sizeof h, slot) != 0 ||
+  if (r->fd < 0 || !marked(r, rank, offsetof(Marks, report)) ||
+      read_at(r->fd, &h, sizeof h, slot) != 0 ||
       h.kind != (uint32_t)kind ||
       h.size > (uint64_t)REPORT_SIZE_MAX)
     return 0;
@@ -257,6 +331,7 @@ int mp_reports_take(mp_Reports *r, int rank, int kind, mp_Report *out) {
   /* Read once: the slot's memory goes back to the system. */
   fallocate(r->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, slot,
             (off_t)sizeof h + (off_t)h.size);
+  unmark(r, rank, offsetof(Marks, report));
   if (err != 0) {
     mp_report_free(out);
     return -err;
@@ -297,36 +372,56 @@ void mp_reports_discard(lua_State *L, mp_Reports *r, int n) {
 
 /* --- exit records ------------------------------------------------------- */
 
-/* One pwrite of 8 bytes: a reader sees all of it or none. */
-void mp_reports_exit_put(int fd, int rank, int code) {
-  ExitRecord e;
-  e.magic = EXIT_MAGIC;
-  e.code = code;
-  (void)!pwrite(fd, &e, sizeof e, (off_t)rank * SLOT_SIZE + EXIT_AT);
+/* The code, then the magic that says it is there: through the mapping,
+** two stores in that order; else one pwrite of both (a reader sees all of
+** it or none). */
+void mp_reports_exit_put(const mp_ReportTo *to, int rank, int code) {
+  Marks *t = marks_of(to->table, rank);
+  uint32_t e[2];
+  if (t != NULL) {
+    t->code = code;
+    __atomic_store_n(&t->magic, EXIT_MAGIC, __ATOMIC_RELEASE);
+    return;
+  }
+  e[0] = EXIT_MAGIC;
+  memcpy(&e[1], &code, sizeof code);
+  (void)!pwrite(to->fd, e, sizeof e,
+                marks_at(rank) + (off_t)offsetof(Marks, magic));
 }
 
 int mp_reports_exit_get(const mp_Reports *r, int rank) {
-  ExitRecord e;
-  if (r->fd < 0 ||
-      pread(r->fd, &e, sizeof e, (off_t)rank * SLOT_SIZE + EXIT_AT) !=
-          (ssize_t)sizeof e ||
-      e.magic != EXIT_MAGIC)
+  Marks *t = marks_of(r->table, rank);
+  Marks m;
+  if (t != NULL) {
+    m.magic = __atomic_load_n(&t->magic, __ATOMIC_ACQUIRE);
+    m.code = t->code;
+  } else if (r->fd < 0 || rank < 0 || rank >= TABLE_RANKS ||
+             pread(r->fd, &m, sizeof m, marks_at(rank)) != (ssize_t)sizeof m) {
     return MP_EXIT_UNKNOWN;
-  return e.code;
+  }
+  return m.magic == EXIT_MAGIC ? m.code : MP_EXIT_UNKNOWN;
 }
 
 /* --- ledgers ------------------------------------------------------------- */
 
 off_t mp_reports_ledger_at(int rank) {
-  return (off_t)rank * SLOT_SIZE;
+  return slot_at(rank);
+}
+
+mp_Mark mp_reports_ledger_mark(const mp_ReportTo *to, int rank) {
+  return mark_of(to, rank, offsetof(Marks, ledger));
+}
+
+static void settle_rank(lua_State *L, mp_Reports *r, int rank) {
+  if (marked(r, rank, offsetof(Marks, ledger)))
+    mp_ledger_settle(L, r->fd, mp_reports_ledger_at(rank),
+                     mp_array_give_back);
 }
 
 void mp_reports_settle(lua_State *L, mp_Reports *r, int n) {
   int rank;
   if (r->fd < 0) return;
-  for (rank = 0; rank < n; rank++)
-    mp_ledger_settle(L, r->fd, mp_reports_ledger_at(rank),
-                     mp_array_give_back);
+  for (rank = 0; rank < n; rank++) settle_rank(L, r, rank);
 }
 
 /* --- a slot used again --------------------------------------------------- */
@@ -349,11 +444,13 @@ int mp_reports_renew(mp_Reports *r) {
 }
 
 void mp_reports_clear(lua_State *L, mp_Reports *r, int rank) {
-  off_t slot = (off_t)rank * SLOT_SIZE;
+  static const Marks none;
+  off_t slot = slot_at(rank);
+  Marks *t = marks_of(r->table, rank);
   size_t i, j;
   if (r->fd < 0) return;
   discard_rank(L, r, rank);
-  mp_ledger_settle(L, r->fd, mp_reports_ledger_at(rank), mp_array_give_back);
+  settle_rank(L, r, rank);
   mp_reports_drain(r);  /* it has exited: all it sent is in the socket */
   for (i = j = 0; i < r->nstash; i++)
     if (r->stash[i].rank == rank)
@@ -361,7 +458,11 @@ void mp_reports_clear(lua_State *L, mp_Reports *r, int rank) {
     else
       r->stash[j++] = r->stash[i];
   r->nstash = j;
-  /* The ledger, the exit record and the report's header read as empty. */
+  /* The marks, the ledger and the report's header read as empty. */
+  if (t != NULL)
+    *t = none;
+  else if (rank >= 0 && rank < TABLE_RANKS)
+    (void)!pwrite(r->fd, &none, sizeof none, marks_at(rank));
   fallocate(r->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, slot,
             REPORT_AT + (off_t)sizeof(ReportHeader));
 }

@@ -87,8 +87,10 @@ void mp_array_give_back(lua_State *L, const char *name, int64_t n);
 /* --- ledger.c: the file_system references a worker holds --- */
 /* Room for a worker's ledger at the end of its report slot (reports.c). */
 #define MP_LEDGER_BYTES ((off_t)3 << 20)
-/* In worker 'self': its ledger is at 'at' in the report memfd 'fd'. */
-void mp_ledger_open(lua_State *L, int fd, off_t at, pid_t self);
+/* In worker 'self': its ledger is at 'at' in the report memfd 'fd'; 'mark'
+** is set before the first entry is written. */
+void mp_ledger_open(lua_State *L, int fd, off_t at, pid_t self,
+                    const struct mp_Mark *mark);
 /* This process took (+1) or gave back (-1) a reference on 'name'. */
 void mp_ledger_note(lua_State *L, const char *name, int delta);
 /* In the parent, the worker gone: hands each name its ledger lists, with

@@ -102,6 +102,7 @@ static int l_spawn_main(lua_State *L) {
   }
   to.fd = FD_FIRST + MP_WFD_REPORTS;
   to.sock = FD_FIRST + MP_WFD_RSOCK;
+  to.table = NULL;  /* marks are written with pwrite */
   keep_private(FD_FIRST + MP_WFD_PAYLOAD);
   keep_private(to.fd);
   keep_private(to.sock);

@@ -107,11 +107,12 @@ static int hold_lifeline(int lifeline, pid_t self, int in_place) {
 ** the parent, and kernels before 6.15 do not keep it on the pidfd.  A
 ** process of its own has one such record, so it lives in statics (set in
 ** the worker only, never in the host). */
-static struct { int fd, rank; pid_t pid; } exit_record = {-1, 0, 0};
+static struct { mp_ReportTo to; int rank; pid_t pid; } exit_record = {
+  {-1, -1, NULL}, 0, 0};
 
 static void record_exit(int code) {
-  if (exit_record.fd >= 0 && (pid_t)syscall(SYS_getpid) == exit_record.pid)
-    mp_reports_exit_put(exit_record.fd, exit_record.rank, code);
+  if (exit_record.to.fd >= 0 && (pid_t)syscall(SYS_getpid) == exit_record.pid)
+    mp_reports_exit_put(&exit_record.to, exit_record.rank, code);
 }
 
 /* exit() or os.exit(): glibc passes the status. */
@@ -129,14 +130,15 @@ static void on_fatal_signal(int sig) {
   raise(sig);
 }
 
-static void watch_exit(int fd, int rank, pid_t self, int handlers) {
+static void watch_exit(const mp_ReportTo *to, int rank, pid_t self,
+                       int handlers) {
   static const int fatal[] = {
     SIGHUP, SIGINT, SIGQUIT, SIGILL, SIGTRAP, SIGABRT, SIGBUS, SIGFPE,
     SIGUSR1, SIGSEGV, SIGUSR2, SIGPIPE, SIGALRM, SIGTERM, SIGXCPU, SIGXFSZ,
     SIGVTALRM, SIGPROF, SIGSYS
   };
   size_t i;
-  exit_record.fd = fd;
+  exit_record.to = *to;
   exit_record.rank = rank;
   exit_record.pid = self;
   on_exit(on_exit_record, NULL);
@@ -577,6 +579,7 @@ static void set_default_title(lua_State *L, int fn, int rank, int nprocs) {
 void mp_worker_run(lua_State *L, int fn, int args, int rank, int nprocs,
                    const mp_ReportTo *to, const mp_Detach *d) {
   int code = 1;
+  mp_Mark ledger;
   fn = lua_absindex(L, fn);
   args = lua_absindex(L, args);
   set_default_title(L, fn, rank, nprocs);
@@ -584,9 +587,10 @@ void mp_worker_run(lua_State *L, int fn, int args, int rank, int nprocs,
   lua_pushinteger(L, rank);
   lua_setfield(L, -2, "rank");
   lua_pop(L, 1);
-  watch_exit(to->fd, rank, d->self, d->records);
+  watch_exit(to, rank, d->self, d->records);
   mp_sharing_worker(L, d->parent);
-  mp_ledger_open(L, to->fd, mp_reports_ledger_at(rank), d->self);
+  ledger = mp_reports_ledger_mark(to, rank);
+  mp_ledger_open(L, to->fd, mp_reports_ledger_at(rank), d->self, &ledger);
   /* Nothing may unwind past here: in a fork, what lies below is a copy
   ** of the parent's stack. */
   lua_pushcfunction(L, run_worker);
@@ -604,6 +608,6 @@ void mp_worker_run(lua_State *L, int fn, int args, int rank, int nprocs,
   /* No __gc runs before _exit: the file_system references our arrays hold
   ** are given back here (the report holds its receiver's own). */
   mp_array_exit(L);
-  mp_reports_exit_put(to->fd, rank, code);  /* we are the worker: no check */
+  mp_reports_exit_put(to, rank, code);  /* we are the worker: no check */
   _exit(code);
 }
