@@ -144,7 +144,7 @@ SOAK_SECONDS ?= 600
 soak: all
 	POOL_SOAK_SECONDS=$(SOAK_SECONDS) unshare -m sh -c 'mount -t tmpfs tmpfs /dev/shm && \
 	  LUA_MP_BUILD=$(BUILD) $(BUSTED) --lua=$(LUA) -o spec/summary_handler.lua \
-	  --filter="random faults" spec/pool_fault_spec.lua'
+	  --filter=random.faults spec/pool_fault_spec.lua'
 
 # A short libFuzzer run of the decoder (clang); FUZZ_TIME=600 for a long one.
 FUZZ_TIME ?= 20
