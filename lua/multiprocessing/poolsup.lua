@@ -121,7 +121,7 @@ function Pool:_killed(job, pos, w, code, timeout)
   self:_settle(job, pos, false, e)
 end
 
--- Message 'rec' leaves the pool's books (its items are settled or go
+-- Message 'mid' leaves the pool's books (its items are settled or go
 -- elsewhere).
 function Pool:_forget(mid)
   self.msgs[mid] = nil
