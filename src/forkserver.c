@@ -192,7 +192,7 @@ static void worker_child(lua_State *sub, const Job *job, int rank) {
   mp_detach_fresh(&d, (pid_t)job->rq->parent, job->fds[MP_WFD_LIFELINE],
                   (int)job->rq->main_thread);
   d.handled = 0;   /* the server has no handler (SIGINT: see main) */
-  mp_worker_detach(&d, 0);
+  mp_worker_detach(&d, -1);
   job->fds[MP_WFD_LIFELINE] = -1;
   to.fd = job->fds[MP_WFD_REPORTS];
   to.sock = job->fds[MP_WFD_RSOCK];

@@ -373,11 +373,12 @@ void mp_detach_fresh(mp_Detach *d, pid_t parent, int lifeline,
                      int main_thread);
 /* In the child: joins its own process group, drops the parent's handlers
 ** and mask, dies with the parent process and its whole group (exits at
-** once if the parent is already gone); 'in_place': the lifeline is at the
-** high descriptor the parent chose (a fork).  Sets d->self. */
-void mp_worker_detach(mp_Detach *d, int in_place);
-/* The parent: the lifeline pipe of a new context, its read end at a high
-** descriptor; 0 or errno. */
+** once if the parent is already gone); 'slot': a fork's copy of the
+** lifeline's write end, at the high descriptor the parent chose, where the
+** worker's own lifeline goes (-1: a fresh worker).  Sets d->self. */
+void mp_worker_detach(mp_Detach *d, int slot);
+/* The parent: the lifeline pipe of a new context, both ends at high
+** descriptors; 0 or errno. */
 int  mp_lifeline_create(int lifeline[2]);
 /* What a worker knows of itself (mp.current_process): a registry table
 ** {rank=, daemon=}; none in a process that is not a worker. */

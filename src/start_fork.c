@@ -72,9 +72,11 @@ static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
     }
     if (pid == 0) {
       mp_ReportTo to;
-      close(ctx->lifeline[1]);  /* only the parent may hold the write end */
+      /* Only the parent may hold the write end: our lifeline takes its
+      ** place (one dup3, no close), once it listens. */
+      int slot = ctx->lifeline[1];
       ctx->lifeline[0] = ctx->lifeline[1] = -1;
-      mp_worker_detach(&d, 1);
+      mp_worker_detach(&d, slot);
       mp_worker_daemon(L, ctx->daemon);
       if (gate[0] >= 0) {
         close(gate[1]);

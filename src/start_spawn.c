@@ -94,7 +94,7 @@ static int l_spawn_main(lua_State *L) {
   mp_boot_done();
   luaL_argcheck(L, nfds >= 0 && nfds <= MP_LAUNCH_MAXFDS, 3, "bad count");
   mp_detach_fresh(&d, parent, FD_FIRST + MP_WFD_LIFELINE, main_thread);
-  mp_worker_detach(&d, 0);
+  mp_worker_detach(&d, -1);
   /* hello: this program runs the protocol */
   if (hello >= 0) {
     (void)!write(hello, "", 1);

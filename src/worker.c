@@ -36,9 +36,11 @@
 ** /proc (its own open file, so its own owner) and asks for SIGKILL to its
 ** own process group: no handler runs, so none can be blocked, ignored or
 ** replaced by user code, and the group goes with the worker.  The copy is
-** kept at a high descriptor (mp_lifeline_create places the context's read
-** end there; a fresh worker moves it there), out of the way of code that
-** closes or dup2s over descriptors 3..30, as daemon-style code does.
+** kept at a high descriptor, out of the way of code that closes or dup2s
+** over descriptors 3..30, as daemon-style code does: mp_lifeline_create
+** places both ends of the pipe there; a forked worker's copy takes the
+** place of its copy of the write end (one dup3 closes that end), a fresh
+** worker moves its copy there.
 **
 ** PR_SET_PDEATHSIG(SIGKILL) only where the lifeline could not be held,
 ** and only from the process's main thread (it follows the *thread* that
@@ -50,7 +52,10 @@
 ** and its group would never be signalled.
 **
 ** Either one arms after the parent may already have died: getppid, read
-** after both, tells (as systemd's safe_fork does). */
+** after both, tells (as systemd's safe_fork does).  A fork that holds the
+** lifeline needs no getppid: it held a copy of the write end until its own
+** reader was armed, so the last write end closes (the parent's death
+** fires) only once it listens. */
 #define LIFELINE_LOW 31     /* the lowest descriptor the lifeline takes */
 #define LIFELINE_HIGH 1024  /* ... and the highest it aims at, plus one */
 
@@ -64,22 +69,31 @@ static int lifeline_floor(void) {
 }
 
 int mp_lifeline_create(int lifeline[2]) {
-  int high;
+  int end;
   if (pipe2(lifeline, O_CLOEXEC) != 0) return errno;
-  high = fcntl(lifeline[0], F_DUPFD_CLOEXEC, lifeline_floor());
-  if (high >= 0) {   /* else it stays where it is: still a lifeline */
-    close(lifeline[0]);
-    lifeline[0] = high;
+  for (end = 0; end < 2; end++) {
+    int high = fcntl(lifeline[end], F_DUPFD_CLOEXEC, lifeline_floor());
+    if (high >= 0) {   /* else it stays where it is: still a lifeline */
+      close(lifeline[end]);
+      lifeline[end] = high;
+    }
   }
   return 0;
 }
 
-/* 1 when the lifeline will SIGKILL our group ('self' is its id); the
-** inherited descriptor is replaced by our own open file, in place when
-** 'in_place' (a fork: the parent put it high), else moved high. */
-static int hold_lifeline(int lifeline, pid_t self, int in_place) {
+/* 1 when the lifeline will SIGKILL our group ('self' is its id).  Our
+** own open file of the pipe, opened through the inherited read end
+** 'lifeline', is armed, then placed: at 'slot' when it is a fork's copy of
+** the write end (high: the parent put it there), which dup3 closes in the
+** same call (the fork's copy of the read end stays, harmless: a reader);
+** else (slot -1, a fresh worker) moved high, the inherited one closed. */
+static int hold_lifeline(int lifeline, int slot, pid_t self) {
   char path[64];
   int fd, ok;
+  if (lifeline < 0) {
+    if (slot >= 0) close(slot);  /* only the parent may hold the write end */
+    return 0;
+  }
   snprintf(path, sizeof path, "/proc/self/fd/%d", lifeline);
   fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   ok = fd >= 0 && fcntl(fd, F_SETSIG, SIGKILL) == 0 &&
@@ -87,11 +101,13 @@ static int hold_lifeline(int lifeline, pid_t self, int in_place) {
        fcntl(fd, F_SETFL, O_RDONLY | O_NONBLOCK | O_ASYNC) == 0;
   if (!ok) {
     if (fd >= 0) close(fd);
+    if (slot >= 0) close(slot);
     close(lifeline);
     return 0;
   }
-  if (in_place) {
-    ok = dup3(fd, lifeline, O_CLOEXEC) >= 0;
+  if (slot >= 0) {
+    ok = dup3(fd, slot, O_CLOEXEC) >= 0;
+    if (!ok) close(slot);  /* the low one is the lifeline */
   } else {
     ok = fcntl(fd, F_DUPFD_CLOEXEC, lifeline_floor()) >= 0;
     close(lifeline);
@@ -245,7 +261,7 @@ static void drop_handlers(uint64_t handled) {
   }
 }
 
-void mp_worker_detach(mp_Detach *d, int in_place) {
+void mp_worker_detach(mp_Detach *d, int slot) {
   pid_t self;
   int held;
   /* Our own process group: Ctrl-C at the terminal reaches the parent only,
@@ -253,9 +269,10 @@ void mp_worker_detach(mp_Detach *d, int in_place) {
   setpgid(0, 0);
   self = getpid();
   drop_handlers(d->handled);
-  held = d->lifeline >= 0 && hold_lifeline(d->lifeline, self, in_place);
+  held = hold_lifeline(d->lifeline, slot, self);
   if (!held && d->main_thread) prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != d->parent) _exit(1);  /* it died before we listened */
+  if ((!held || slot < 0) && getppid() != d->parent)
+    _exit(1);  /* it died before we listened */
   /* Nothing the parent blocked stays blocked (a join blocks SIGINT, a
   ** host may block anything), as in a fresh program. */
   if (d->blocked) {
