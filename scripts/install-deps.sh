@@ -9,6 +9,8 @@ packages="$packages openmpi-bin mpich slurmctld slurmd slurm-client munge iprout
 # luarocks, lua-check: packaging and lint (make check); lua-luv, lua-cqueues:
 # the event-loop examples.
 packages="$packages luarocks lua-check lua-luv lua-cqueues"
+# strace: make bench counts the system calls of a fork worker with it.
+packages="$packages strace"
 
 missing=""
 for p in $packages; do
