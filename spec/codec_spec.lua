@@ -308,10 +308,13 @@ describe("codec", function()
 
     it("crosses as the table table.move would build, byte for byte", function()
       local list = { 10, 20, "x", { 1, 2 }, 5.5, nil, 7 }
-      local head = { 7, 8, 9, 3, reset = true, fns = { a = 1 } }
-      local built = { 7, 8, 9, 3, reset = true, fns = head.fns }
+      -- one key in the hash part: the order of two would depend on the
+      -- string hashes' seed and on whether the table was rehashed
+      local one = { 7, 8, 9, 3, fns = { a = 1 } }
+      local built = { 7, 8, 9, 3, fns = one.fns }
       table.move(list, 2, 5, 5, built)
-      assert.are.equal(encode(false, built), encode(false, chunk(head, list, 2, 4)))
+      assert.are.equal(encode(false, built), encode(false, chunk(one, list, 2, 4)))
+      local head = { 7, 8, 9, 3, reset = true, fns = one.fns }
       -- a trailing hole goes as nil: the same table arrives
       local b = rt(chunk(head, list, 2, 5))
       assert.are.equal(20, b[5]); assert.are.equal("x", b[6]); assert.are.equal(2, b[7][2])
