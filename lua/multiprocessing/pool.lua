@@ -444,7 +444,7 @@ end
 -- no worker can read it now (all are gone: they are replaced), else they
 -- fail with the error.
 function Pool:_unsent(job, first, n, err)
-  if core.isinstance(err, core.Interrupted) then self:_interrupted() end
+  if S.interrupt(err) then self:_interrupted() end
   for pos = first, first + n - 1 do
     if err == "closed" then
       push(self.redo, { job = job, pos = pos })
@@ -534,9 +534,12 @@ end
 -- On an error exit of a wait by an interrupt, the workers go.
 local function interrupt_guard(self)
   return setmetatable({}, { __close = function(_, err)
-    if err ~= nil and self.state ~= "terminate"
-        and core.isinstance(err, core.Interrupted) then
-      self:terminate()
+    if err ~= nil and S.interrupt(err) then
+      if core.isinstance(err, core.Interrupted) then
+        if self.state ~= "terminate" then self:terminate() end
+      else   -- lua.c's hook raised it: ours replaces it
+        self:_interrupted()
+      end
     end
   end })
 end

@@ -33,6 +33,16 @@ local LOST = 0.5           -- a message out of the queue that no worker shows
 local STALL = 1.0          -- the task queue moves on no worker's board this
                            -- long (without a pool timeout): see unblock
 
+-- Is 'err' a Ctrl-C?  Our waits raise mp.Interrupted; a SIGINT that comes
+-- while Lua code runs between them (the pool's loop, a poll() of the
+-- engine) is raised by lua.c's hook as "<where>: interrupted!".  Either
+-- way the pool is terminated and mp.Interrupted is raised (_interrupted).
+function M.interrupt(err)
+  return core.isinstance(err, core.Interrupted)
+         or type(err) == "string" and err:sub(-12) == "interrupted!"
+end
+local interrupt = M.interrupt
+
 function M.task_name(job, pos)
   return job.kind == "apply" and ("apply_async call %d"):format(pos)
          or ("task %d"):format(pos)
@@ -399,7 +409,7 @@ function M.stop_all(self)
     end
     local ok, err = pcall(core._poll, { fd }, SLICE, "Pool.join")
     if not ok then
-      if core.isinstance(err, core.Interrupted) then
+      if interrupt(err) then
         self.call = "Pool.join"
         self:_interrupted()
       end
@@ -437,7 +447,7 @@ end
 -- returns nil, "closed": the loop looks at the workers as after a
 -- timeout, and replaces them.)
 function Pool:_queue_error(err)
-  if core.isinstance(err, core.Interrupted) then self:_interrupted() end
+  if interrupt(err) then self:_interrupted() end
   error(err, 0)
 end
 
