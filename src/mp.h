@@ -6,7 +6,7 @@
 **   core.c         the module table: opens every part from one list;
 **                  mp_new_class and the small helpers every part uses
 **   args.c         argument errors that name "Type.method"; timeouts
-**   sys.c, sys.h   the clock and whole writes, with no Lua (also compiled
+**   sys.c, sys.h   the clock, whole writes and marks, with no Lua (also compiled
 **                  into the launcher module)
 **   mp.h           this map; what the process files share
 **   sharing.h      what the data-sharing files share: segments, waits,
@@ -154,10 +154,7 @@ typedef struct mp_Reports {
 ** table of marks when it is mapped here (a fork inherits the parent's
 ** mapping; NULL: marks are written with pwrite). */
 typedef struct mp_ReportTo { int fd, sock; void *table; } mp_ReportTo;
-/* One word of that table a worker sets: through the mapping when there is
-** one, else with pwrite at 'at' in 'fd'. */
-typedef struct mp_Mark { uint32_t *word; int fd; off_t at; } mp_Mark;
-void mp_mark_set(const mp_Mark *m);   /* async-signal-safe */
+/* One word of that table a worker sets is an mp_Mark (sys.h). */
 
 /* A report's kind, in its header in the memfd: explicit values. */
 typedef enum mp_ReportKind {

@@ -104,14 +104,6 @@ static Marks *marks_of(void *table, int rank) {
          ? (Marks *)table + rank : NULL;
 }
 
-void mp_mark_set(const mp_Mark *m) {
-  static const uint32_t one = 1;
-  if (m->word != NULL)
-    __atomic_store_n(m->word, one, __ATOMIC_RELEASE);
-  else if (m->fd >= 0)
-    (void)!pwrite(m->fd, &one, sizeof one, m->at);
-}
-
 static mp_Mark mark_of(const mp_ReportTo *to, int rank, size_t field) {
   mp_Mark m;
   Marks *t = marks_of(to->table, rank);

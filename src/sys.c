@@ -1,5 +1,5 @@
 /*
-** sys.c -- the clock and whole writes (sys.h).
+** sys.c -- the clock, whole writes and marks (sys.h).
 */
 #include <errno.h>
 #include <time.h>
@@ -23,4 +23,12 @@ int mp_write_all(int fd, const char *p, size_t n) {
     n -= (size_t)k;
   }
   return 0;
+}
+
+void mp_mark_set(const mp_Mark *m) {
+  static const uint32_t one = 1;
+  if (m->word != NULL)
+    __atomic_store_n(m->word, one, __ATOMIC_RELEASE);
+  else if (m->fd >= 0)
+    (void)!pwrite(m->fd, &one, sizeof one, m->at);
 }

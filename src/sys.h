@@ -1,14 +1,23 @@
 /*
 ** sys.h -- system helpers that need no Lua and no context (sys.c): the
-** clock and whole writes.  Compiled into the core and into the launcher
+** clock, whole writes, and marks (a shared word a process sets once).  Compiled into the core and into the launcher
 ** module alike, so neither keeps a copy of its own.
 */
 #ifndef mp_sys_h
 #define mp_sys_h
 
 #include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
 
 double mp_now(void);                               /* CLOCK_MONOTONIC seconds */
 int    mp_write_all(int fd, const char *p, size_t n);  /* 0 or errno */
+
+/* A mark: one word of shared memory that a process sets to 1, through a
+** mapping when it has one ('word'), else with pwrite at 'at' in 'fd' (a
+** report memfd's table of marks, reports.c).  Setting is
+** async-signal-safe. */
+typedef struct mp_Mark { uint32_t *word; int fd; off_t at; } mp_Mark;
+void   mp_mark_set(const mp_Mark *m);
 
 #endif
