@@ -105,10 +105,11 @@ $(WORKER): $(BUILD)/obj/worker_main.o
 	@mkdir -p $(@D)
 	$(CC) $(LDSAN) $(LDFLAGS) -o $@ $< $(LUA_LIBS)
 
-# Each busted run is bounded (SPEC_TIMEOUT seconds) and runs in a process
-# group of its own (timeout's): the specs stop processes and signal groups,
-# and a stopped process left in make's group once hung CI (an orphaned group
-# with a stopped member is sent SIGHUP, make and the shell above it with it).
+# Each busted run is bounded (SPEC_TIMEOUT seconds), so that a hang fails
+# the run instead of taking CI's whole time (a procps tool deadlocked under
+# the sanitizer's preload once did), and runs in a process group of its own
+# (timeout's): the specs stop processes and signal groups, and none of that
+# may reach make or the shell above it.
 # spec/summary_handler.lua names the running spec in $(SPEC_NOW); the file
 # is left only when the run ended in the middle of a spec.
 SPEC_TIMEOUT ?= 1500
