@@ -15,7 +15,9 @@
 -- peer of the same row (its time / our time), measured in the same run.
 --
 -- Environment: BENCH_QUICK=1 for fewer repetitions (a smoke run);
--- PYTHON (default python3), LUA (default lua5.4).
+-- PYTHON (default python3), LUA (default lua5.4); BENCH_TOLERANCE,
+-- BENCH_REMEASURE, BENCH_REMEASURE_BUDGET (bench/guard.lua: the closing
+-- comparison with bench/baseline.json, which measures worse rows again).
 package.path = "./bench/?.lua;" .. package.path
 local json = require "json"
 local guard = require "guard"   -- last.json and the comparison with bench/baseline.json
@@ -42,6 +44,9 @@ local function readline(cmd)
 end
 
 local ERRFILE = os.tmpname()
+-- where the mprun rows' commands write their lines (removed at the end: a
+-- re-measure may run them again)
+local OUTFILE = os.tmpname()
 
 -- The line of a failed command's stderr that says why: the last line of a
 -- Python traceback, else the first non-empty line (a Lua error message).
@@ -73,17 +78,18 @@ local function keyof(o)
 end
 
 -- Runs one measurement command (timeout seconds), records every JSON line it
--- prints; returns the number of lines recorded and, when the command failed,
--- why.
+-- prints; returns the number of lines recorded, when the command failed
+-- why, and the list of keys it printed.
 local function run(cmd, timeout, label)
   io.stderr:write(string.format("bench: %s ...\n", label or cmd))
   local f = io.popen(string.format("timeout -k 5 %d %s 2>%s", timeout, cmd, ERRFILE))
-  local got = 0
+  local got, printed = 0, {}
   for line in f:lines() do
     if line:match("^%s*{") then
       local o, e = json.decode(line)
       if o and o.bench then
         local k = keyof(o)
+        printed[#printed + 1] = k
         if o.skip then
           skips[k] = o.skip
         else
@@ -111,14 +117,29 @@ local function run(cmd, timeout, label)
     why = line and (line .. " (" .. st .. ")") or st
   end
   if why then io.stderr:write("bench: ", label or cmd, ": ", why, "\n") end
-  return got, why
+  return got, why, printed
 end
+
+-- Every measurement command of the run, in order: { keys (declared and
+-- printed), cmd, timeout, label, seconds }.  A re-measure (bench/guard.lua)
+-- runs again those that yield a flagged row's keys.
+local calls, remeasuring = {}, false
 
 -- run, and mark each of 'keys' that got no result skipped, with the reason
 local function run_or_skip(keys, cmd, timeout, label)
-  local _, why = run(cmd, timeout, label)
+  local t0 = os.time()
+  local _, why, printed = run(cmd, timeout, label)
   for _, k in ipairs(keys) do
     if not results[k] then skips[k] = skips[k] or why or "no output" end
+  end
+  if not remeasuring then
+    local all, seen = {}, {}
+    for _, list in ipairs { keys, printed } do
+      for _, k in ipairs(list) do
+        if not seen[k] then all[#all + 1], seen[k] = k, true end
+      end
+    end
+    calls[#calls + 1] = { keys = all, cmd = cmd, timeout = timeout, label = label, seconds = os.time() - t0 }
   end
 end
 
@@ -141,8 +162,8 @@ end
 
 local function median(t) return t and quantile(t, 0.5) end
 
-local function med(key, field)
-  local r = results[key]
+local function med(key, field, res)
+  local r = (res or results)[key]
   if not r then return nil end
   return median(r[field or "samples"])
 end
@@ -200,16 +221,13 @@ local HEAD = { "row", "median", "unit", "p25..p75", "x floor", "vs Python", "tar
 -- One row.  spec = { name, key, unit, field, rate = true (higher is better),
 --   floor = key of the floor, py = key of the Python peer,
 --   target = { max = x floor limit } or { abs = limit in the row's unit } }
-local function row(rows, spec)
-  local r = results[spec.key]
-  if not r then
-    local why = skips[spec.key] or "no result"
-    -- a skip reason is free text: it runs past the columns
-    rows[#rows + 1] = { spec.name, skip = (why:gsub("^skipped: ", "")) }
-    guard.skip(spec, rows[#rows].skip)
-    return
-  end
-  local samples = r[spec.field or "samples"]
+
+-- The figures of one row from a set of results (this run's, or a
+-- re-measure's): median, p25, p75, x floor, vs Python; nil without a result.
+local function figures(spec, res)
+  local r = res[spec.key]
+  local samples = r and r[spec.field or "samples"]
+  if not samples or #samples == 0 then return nil end
   local m = median(samples)
   local p25, p75 = quantile(samples, 0.25), quantile(samples, 0.75)
   local function cost(other)      -- our cost per op relative to 'other'
@@ -217,12 +235,23 @@ local function row(rows, spec)
     if spec.rate then return other / m else return m / other end
   end
   local xf, vp
-  if spec.floor then xf = cost(med(spec.floor, spec.floor_field)) end
+  if spec.floor then xf = cost(med(spec.floor, spec.floor_field, res)) end
   if spec.is_floor then xf = 1 end
   if spec.py then
-    local p = med(spec.py, spec.py_field)
-    local c = cost(p)
+    local c = cost(med(spec.py, spec.py_field, res))
     if c then vp = 1 / c end
+  end
+  return m, p25, p75, xf, vp
+end
+
+local function row(rows, spec)
+  local m, p25, p75, xf, vp = figures(spec, results)
+  if not m then
+    local why = skips[spec.key] or "no result"
+    -- a skip reason is free text: it runs past the columns
+    rows[#rows + 1] = { spec.name, skip = (why:gsub("^skipped: ", "")) }
+    guard.skip(spec, rows[#rows].skip)
+    return
   end
   local tgt = ""
   if spec.target then
@@ -539,7 +568,7 @@ end
 -- mprun against the same 4 programs writing straight to a file.
 do
   local MPRUN = "./scripts/mprun"
-  local OUT = os.tmpname()
+  local OUT = OUTFILE
   local LINES = QUICK and 100000 or 1000000
   local chunk = string.format("'local r = os.getenv(\"RANK\") for i = 1, %d do "
     .. "io.write(r, \" line \", i, \"\\n\") end'", LINES)
@@ -561,7 +590,6 @@ do
   else
     skips.torchrun_start = "torchrun not installed (python3-torch)"
   end
-  os.remove(OUT)
 
   section("Issue 10: mprun")
   local rows = {}
@@ -710,14 +738,82 @@ do
   end
 end
 
+-- ============================================================ re-measure
+-- bench/guard.lua asks for this when rows compare worse than the baseline:
+-- 'specs' (id -> the row's spec) are measured again, by running once more
+-- each command of the run that yielded a key of theirs (the row's own, its
+-- floor's, its Python peer's), in the run's order, into fresh results.  A
+-- command the run repeated in rounds runs once: a re-measure is one round.
+-- What those commands took in the run must fit in 'budget' seconds: rows
+-- are taken cheapest first while they fit, the others are left out.
+-- Returns id -> { x_floor, vs_python } for the rows measured, the seconds
+-- it took, the labels of the commands run and the ids left out.
+local function calls_of(spec)
+  local need = { [spec.key] = true }
+  if spec.floor then need[spec.floor] = true end
+  if spec.py then need[spec.py] = true end
+  local set, first = {}, {}
+  for i, c in ipairs(calls) do
+    first[c.cmd] = first[c.cmd] or i
+    for _, k in ipairs(c.keys) do
+      if need[k] then
+        set[first[c.cmd]] = true
+        break
+      end
+    end
+  end
+  return set
+end
+
+local function remeasure(specs, budget)
+  local cand = {}
+  for id, s in pairs(specs) do
+    local set, cost = calls_of(s), 0
+    for i in pairs(set) do cost = cost + calls[i].seconds end
+    cand[#cand + 1] = { id = id, set = set, cost = cost }
+  end
+  table.sort(cand, function(a, b) return a.cost < b.cost or (a.cost == b.cost and a.id < b.id) end)
+  local chosen, take, spent, left_out = {}, {}, 0, {}
+  for _, c in ipairs(cand) do
+    local extra = 0
+    for i in pairs(c.set) do if not take[i] then extra = extra + calls[i].seconds end end
+    if spent + extra <= budget then
+      for i in pairs(c.set) do take[i] = true end
+      spent = spent + extra
+      chosen[c.id] = specs[c.id]
+    else
+      left_out[#left_out + 1] = c.id
+    end
+  end
+  local saved_results, saved_skips = results, skips
+  results, skips, remeasuring = {}, {}, true
+  local t0 = os.time()
+  local labels = {}
+  for i, c in ipairs(calls) do
+    if take[i] then
+      run_or_skip(c.keys, c.cmd, c.timeout, c.label .. " (re-measure)")
+      labels[#labels + 1] = #c.label > 40 and (c.label:sub(1, 37) .. "...") or c.label
+    end
+  end
+  local fresh = {}
+  for id, s in pairs(chosen) do
+    local _, _, _, xf, vp = figures(s, results)
+    fresh[id] = { x_floor = xf, vs_python = vp }
+  end
+  results, skips, remeasuring = saved_results, saved_skips, false
+  return fresh, os.time() - t0, labels, left_out
+end
+
 local commit = readline("git rev-parse --short HEAD") or "?"
 if readline("git status --porcelain --untracked-files=no | head -1") then commit = commit .. "+dirty" end
 local load_after = loadavg()
 guard.finish({ run = string.format("%s run of %s, commit %s, load %s -> %s", QUICK and "BENCH_QUICK" or "full",
                                    os.date("!%Y-%m-%d %H:%M UTC", t_start), commit, load_before, load_after),
                date = os.date("!%Y-%m-%dT%H:%M:%SZ", t_start), commit = commit, quick = QUICK,
-               load_before = load_before, load_after = load_after, seconds = os.time() - t_start }, QUICK)
+               load_before = load_before, load_after = load_after, seconds = os.time() - t_start }, QUICK,
+             remeasure)
 print("")
 print(string.format("bench: done in %d s; load average after the run: %s", os.time() - t_start, load_after))
 os.remove(ERRFILE)
+os.remove(OUTFILE)
 os.exit(0)
