@@ -7,7 +7,8 @@
 #   make check            both of the above, then one "N passed, N failed" line
 #   make bench            benchmarks against the floors and Python's peers,
 #                         compared with bench/baseline.json (REGRESSED rows)
-#   make bench-baseline   the last full bench run's ratios -> bench/baseline.json
+#   make bench-baseline   the median ratios of the last (up to 3) full bench runs
+#                         of this commit -> bench/baseline.json
 #   make soak             the Pool's random fault injection, long (SOAK_SECONDS)
 #   make example          the example orchestration in examples/
 #   make lint             luacheck on lua/ spec/ examples/ bench/ (.luacheckrc)
@@ -160,7 +161,8 @@ example: all
 bench: all
 	sh scripts/bench.sh
 
-# After a full `make bench`: build/bench/last.json's ratios become the
+# After full `make bench` runs (best three): the median ratios of last.json
+# and the earlier full runs of the same commit (build/bench/runs/) become the
 # committed baseline (bench/guard.lua; a BENCH_QUICK run is refused).
 bench-baseline:
 	$(LUA) bench/guard.lua refresh

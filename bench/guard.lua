@@ -16,41 +16,53 @@
 -- that yielded the row, its floor or its Python peer (only those, in the
 -- run's order, one round of a command the run repeated in rounds, into
 -- fresh results), up to REMEASURES (2) times, each time only for the rows
--- still worse.  A ratio is REGRESSED when it is more than
--- TOLERANCE worse in the run and in every re-measure; one that comes back
--- within it is listed as "noisy, recovered on re-measure", with each
--- measurement, so nothing is hidden.  A baseline row the run did not
--- produce (skipped, failed, removed) is REGRESSED at once.  The closing
--- block says which commands each re-measure ran and how long it took.  The
--- re-measures have a BUDGET (120 s, counted as what their commands took in
--- the run): rows are taken cheapest first while they fit, a row left out
--- keeps the verdict of the measurements it had, and the block says so.
---   Why not a wider tolerance per row from its own p25..p75: on the 2-core
--- VM the ratios move between runs far more than within one (lua_pipe_mib:
--- p25..p75 2 % of its median, its ratio to Python 22 % apart in two runs
--- of the same code), so the spread of one run does not tell noise from a
--- regression; a second and third measurement does.  The price: a real
--- regression is found only when it is larger than the row's noise, and a
--- row a re-measure can clear is a row too noisy to guard at 15 %.  And a
--- shift that lasts the whole run (a machine loaded throughout, where the
--- baseline's was quiet) is no noise a re-measure clears: it stays
--- REGRESSED, and the closing block prints both runs' load averages to
--- judge it by.
+-- still worse.  A ratio is REGRESSED when it is more than TOLERANCE worse
+-- in the run and in every re-measure; one that comes back within it is
+-- listed as "noisy, recovered on re-measure", with each measurement, so
+-- nothing is hidden.  A baseline row the run did not produce (skipped,
+-- failed, removed) is REGRESSED at once.  The closing block says which
+-- commands each re-measure ran and how long it took.  The re-measures have
+-- a BUDGET (120 s, counted as what their commands took in the run): rows
+-- are taken cheapest first while they fit, a row left out keeps the
+-- verdict of the measurements it had, and the block says so.
+--
+-- The baseline is the median of up to REFRESH_RUNS (3) full runs of one
+-- commit (every full run is kept in build/bench/runs/), not one run: one
+-- run's ratio is itself a noisy sample, and a baseline caught at a lucky
+-- moment flags every later run (lua_start/forkserver/16 x_floor 1.78x in
+-- the one-run baseline; 2.00-2.14x in four runs of the same code,
+-- 2.06-2.17x in their re-measures). For each ratio the baseline also
+-- records its spread, how much worse the worst of its runs was than the
+-- best; the closing block shows it beside a verdict. It is not a
+-- tolerance: on the 2-core VM four runs of the same code spread 50-235 %
+-- on 17 of the 46 ratios (lua_pipe_mib vs Python 20.5x-68.5x while its own
+-- p25..p75 was as little as 2 % of its median), and a margin that wide
+-- would pass any regression of those rows; neither one run nor its spread
+-- tells noise from a regression, a second and third measurement does. The
+-- price: a real regression is found only when it is larger than the row's
+-- noise, and a row a re-measure can clear is a row too noisy to guard at
+-- 15 %. A shift that lasts the whole run (a machine loaded throughout) is
+-- no noise a re-measure clears either: it stays REGRESSED, and the closing
+-- block prints the baseline's and this run's load averages to judge it by.
 --
 -- A BENCH_QUICK=1 run is a smoke run: too few repetitions for a 15 % verdict.
 -- It calls REGRESSED only what a smoke run can show: a row that is missing
 -- (its measurement failed or vanished) and a ratio more than QUICK_FACTOR
 -- times worse, in the run and in one re-measure; smaller drifts are listed
--- as "worse (quick run: no verdict)".
+-- as "worse (quick run: no verdict)".  A quick run is not kept for a
+-- refresh.
 --
 -- Environment: BENCH_TOLERANCE=0.3 (the margin), BENCH_REMEASURE=0..n (how
 -- many re-measures; 0: none, the run's ratio is the verdict),
 -- BENCH_REMEASURE_BUDGET=seconds.
 --
 -- Refreshing the baseline (in the commit that improves a row):
---   make bench && make bench-baseline      (lua5.4 bench/guard.lua refresh)
--- which writes the ratios of build/bench/last.json to bench/baseline.json
--- (the run's own ratios, not the re-measures'); a quick run is refused.
+--   make bench; make bench; make bench; make bench-baseline
+-- (lua5.4 bench/guard.lua refresh [RUN.json ...]): the medians of the ratios
+-- of build/bench/last.json and the earlier full runs of the same commit in
+-- build/bench/runs/ (up to 3 in all; or of the runs named) are written to
+-- bench/baseline.json with their spreads and the runs they came from (the
+-- runs' own ratios, not the re-measures'); a quick run is refused.
 package.path = "./bench/?.lua;" .. package.path
 local json = require "json"
 
@@ -62,6 +74,8 @@ M.TOLERANCE = tonumber(os.getenv("BENCH_TOLERANCE") or "") or 0.15
 M.QUICK_FACTOR = 2
 M.REMEASURES = tonumber(os.getenv("BENCH_REMEASURE") or "") or 2
 M.BUDGET = tonumber(os.getenv("BENCH_REMEASURE_BUDGET") or "") or 120
+M.RUNS = "build/bench/runs"     -- every full run's last.json, kept for a refresh
+M.REFRESH_RUNS = 3
 
 local rows, order, skipped, specs_of = {}, {}, {}, {}
 local current_table
@@ -132,7 +146,9 @@ end
 -- (more than QUICK_FACTOR in a quick run), lines for the missing rows, and
 -- the quick run's drifts without a verdict.  A flagged ratio: { id, field,
 -- base, values (the run's, then each re-measure's; false: no result), worse
--- (the same as factors, huge: no result), open (still worse) }.
+-- (the same as factors, huge: no result), open (still worse), bar (the
+-- factor it must stay within: 1 + TOLERANCE, or QUICK_FACTOR), spread (of
+-- the baseline's runs, shown beside a verdict) }.
 local function first_pass(brows, quick)
   local flagged, missing, worse = {}, {}, {}
   local ids = {}
@@ -153,7 +169,8 @@ local function first_pass(brows, quick)
           if w > 1 + M.TOLERANCE then
             if not quick or w > M.QUICK_FACTOR then
               flagged[#flagged + 1] = { id = id, field = field, base = bv, values = { rv }, worse = { w },
-                                        open = true }
+                                        open = true, bar = quick and M.QUICK_FACTOR or 1 + M.TOLERANCE,
+                                        spread = b.spread and b.spread[field] }
             else
               worse[#worse + 1] = string.format("  worse (quick run: no verdict)  %-40s %-9s %s, baseline %s: "
                 .. "%.0f %% worse", id, field, fmt(rv), fmt(bv), (w - 1) * 100)
@@ -165,9 +182,6 @@ local function first_pass(brows, quick)
   end
   return flagged, missing, worse
 end
-
--- A flagged ratio is still worse than the bar after a measurement.
-local function bar(quick) return quick and M.QUICK_FACTOR or 1 + M.TOLERANCE end
 
 -- Measures the flagged rows again, up to 'rounds' times, each time only
 -- those still worse (remeasure: see bench/run.lua); returns the lines that
@@ -207,7 +221,7 @@ local function remeasure_rounds(flagged, quick, remeasure)
         local v = fresh[f.id][f.field]
         local w = (v and v > 0) and WORSE[f.field](v, f.base) or math.huge
         f.values[#f.values + 1], f.worse[#f.worse + 1] = v or false, w
-        if w <= bar(quick) then f.open = false end
+        if w <= f.bar then f.open = false end
       end
     end
   end
@@ -239,8 +253,9 @@ function M.compare(base, quick, remeasure)
     record.rows[f.id .. " " .. f.field] = { values = f.values, baseline = f.base,
                                             verdict = f.open and "REGRESSED" or "recovered" }
     if f.open then
-      out[#out + 1] = string.format("  REGRESSED  %-40s %-9s %s; baseline %s: %s worse%s", f.id, f.field, v,
-                                    fmt(f.base), w, f.left_out and " (a re-measure left out: budget)" or "")
+      local tol = f.spread and string.format(" (the baseline's runs: %.0f %% apart)", f.spread * 100) or ""
+      out[#out + 1] = string.format("  REGRESSED  %-40s %-9s %s; baseline %s: %s worse%s%s", f.id, f.field, v,
+                                    fmt(f.base), w, tol, f.left_out and " (a re-measure left out: budget)" or "")
       bad = bad + 1
     else
       recovered[#recovered + 1] = string.format("%s %s (%s; baseline %s)", f.id, f.field, v, fmt(f.base))
@@ -264,18 +279,74 @@ function M.compare(base, quick, remeasure)
   return out, bad, record
 end
 
--- The baseline made from a run: the guarded rows' ratios.
-function M.baseline_of(run)
+-- The baseline made from one or more full runs (newest first): per guarded
+-- ratio, the median over the runs that have it and, from two runs on, its
+-- spread: how much worse the worst run was than the best (0.22 = 22 %).
+local function median_of(t)
+  local s = {}
+  for i, x in ipairs(t) do s[i] = x end
+  table.sort(s)
+  local n = #s
+  if n % 2 == 1 then return s[(n + 1) // 2] end
+  return (s[n // 2] + s[n // 2 + 1]) / 2
+end
+
+function M.baseline_of(runs)
   local b = { about = "ratios of `make bench` rows (x_floor: cost / the floor's, lower is better; "
-                .. "vs_python: times faster than Python's peer, higher is better); bench/guard.lua "
-                .. "compares each run with them",
-              from = run.from, rows = {} }
-  for id, r in pairs(run.rows) do
-    if r.guarded and (r.x_floor or r.vs_python) then
-      b.rows[id] = { name = r.name, x_floor = r.x_floor, vs_python = r.vs_python }
+                .. "vs_python: times faster than Python's peer, higher is better), the median over the "
+                .. "runs in 'runs'; 'spread': how much worse the worst of them was than the best (0.2: "
+                .. "20 %), shown beside a verdict; bench/guard.lua compares each run with them",
+              from = runs[1].from, runs = {}, rows = {} }
+  local seen = {}
+  for _, run in ipairs(runs) do
+    b.runs[#b.runs + 1] = run.from and run.from.run or "?"
+    for id, r in pairs(run.rows) do
+      if r.guarded and (r.x_floor or r.vs_python) then seen[id] = r.name end
     end
   end
+  for id, name in pairs(seen) do
+    local row = { name = name }
+    for _, field in ipairs { "x_floor", "vs_python" } do
+      local vals = {}
+      for _, run in ipairs(runs) do
+        local r = run.rows[id]
+        if r and r[field] and r[field] > 0 then vals[#vals + 1] = r[field] end
+      end
+      if #vals > 0 then
+        row[field] = median_of(vals)
+        if #vals > 1 then
+          table.sort(vals)
+          local worst, best = vals[1], vals[#vals]     -- vs_python: higher is better
+          if field == "x_floor" then worst, best = best, worst end
+          row.spread = row.spread or {}
+          row.spread[field] = WORSE[field](worst, best) - 1
+        end
+      end
+    end
+    b.rows[id] = row
+  end
   return b
+end
+
+-- The full runs a refresh takes when none are named: last.json and the
+-- earlier full runs of the same commit kept in RUNS (newest first, up to
+-- REFRESH_RUNS in all).
+local function runs_to_refresh()
+  local last, err = read_json(M.LAST)
+  if not last then return nil, err .. " (run make bench first)" end
+  if last.from and last.from.quick then return nil, M.LAST .. " is from a BENCH_QUICK run; refusing" end
+  local runs = { last }
+  local commit = last.from and last.from.commit
+  local p = io.popen("ls -1r " .. M.RUNS .. " 2>/dev/null")
+  for name in p:lines() do
+    if #runs >= M.REFRESH_RUNS then break end
+    local r = read_json(M.RUNS .. "/" .. name)
+    if r and r.from and r.from.commit == commit and r.from.date ~= last.from.date and not r.from.quick then
+      runs[#runs + 1] = r
+    end
+  end
+  p:close()
+  return runs
 end
 
 -- The end of a run: the closing block, then last.json.  'meta' describes
@@ -307,31 +378,48 @@ function M.finish(meta, quick, remeasure)
     for _, l in ipairs(lines) do print(l) end
     print(string.format("  %d REGRESSED%s", bad, bad == 0 and " (every baseline row within tolerance)" or ""))
   end
-  local ok, err = write_file(M.LAST, json.encode(run))
+  local text = json.encode(run)
+  local ok, err = write_file(M.LAST, text)
   print(ok and ("  this run's rows: " .. M.LAST) or ("  could not write " .. M.LAST .. ": " .. tostring(err)))
+  if ok and not quick then     -- kept for a refresh from several runs
+    os.execute("mkdir -p " .. M.RUNS)
+    write_file(string.format("%s/%s-%s.json", M.RUNS, (tostring(meta.date):gsub("[^%w]", "")),
+                             (tostring(meta.commit):gsub("[^%w]", ""))), text)
+  end
 end
 
--- lua5.4 bench/guard.lua refresh: bench/baseline.json from last.json
+-- lua5.4 bench/guard.lua refresh [RUN.json ...]: bench/baseline.json from
+-- the runs named, else from runs_to_refresh()
 if arg and arg[0] and arg[0]:match("guard%.lua$") then
   if arg[1] ~= "refresh" then
-    io.stderr:write("usage: lua5.4 bench/guard.lua refresh   (from the top of the tree)\n")
+    io.stderr:write("usage: lua5.4 bench/guard.lua refresh [RUN.json ...]   (from the top of the tree)\n")
     os.exit(2)
   end
-  local run, err = read_json(M.LAST)
-  if not run then
-    io.stderr:write("bench-baseline: ", err, " (run make bench first)\n")
+  local runs, err = {}, nil
+  if arg[2] then
+    for i = 2, #arg do
+      local r, e = read_json(arg[i])
+      if not r then runs, err = nil, e break end
+      if r.from and r.from.quick then runs, err = nil, arg[i] .. " is from a BENCH_QUICK run; refusing" break end
+      runs[#runs + 1] = r
+    end
+  else
+    runs, err = runs_to_refresh()
+  end
+  if not runs then
+    io.stderr:write("bench-baseline: ", err, "\n")
     os.exit(1)
   end
-  if run.from and run.from.quick then
-    io.stderr:write("bench-baseline: ", M.LAST, " is from a BENCH_QUICK run; refusing\n")
-    os.exit(1)
-  end
-  local b = M.baseline_of(run)
+  local b = M.baseline_of(runs)
   local n = 0
   for _ in pairs(b.rows) do n = n + 1 end
   assert(write_file(M.BASELINE, json.encode(b)))
-  print(string.format("bench-baseline: %d rows from %s written to %s", n,
-                      tostring(run.from and run.from.run), M.BASELINE))
+  print(string.format("bench-baseline: %d rows from %d run%s written to %s:", n, #runs, #runs == 1 and "" or "s",
+                      M.BASELINE))
+  for _, r in ipairs(b.runs) do print("  " .. r) end
+  if #runs == 1 then
+    print("  one run: its ratios are the baseline as they are; a median of 3 runs is steadier (make bench x3)")
+  end
 end
 
 return M
