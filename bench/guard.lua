@@ -44,7 +44,8 @@
 -- its own noise (the closing block lists the wide ones), and a shift that
 -- lasts the whole run (a machine loaded throughout) is no noise a
 -- re-measure clears: it stays REGRESSED, and the closing block prints the
--- baseline's and this run's load averages to judge it by.
+-- baseline's and this run's load averages and this run's CPU pressure
+-- (/proc/pressure/cpu) to judge it by.
 --
 -- A BENCH_QUICK=1 run is a smoke run: too few repetitions for a 15 % verdict.
 -- It calls REGRESSED only what a smoke run can show: a row that is missing
@@ -383,7 +384,9 @@ function M.finish(meta, quick, remeasure)
     print("  no baseline to compare with (" .. why .. ")")
   else
     print("  baseline from: " .. tostring(base.from and base.from.run or "?"))
-    print(string.format("  this run: load %s -> %s", tostring(meta.load_before), tostring(meta.load_after)))
+    print(string.format("  this run: load %s -> %s%s", tostring(meta.load_before), tostring(meta.load_after),
+      meta.cpu_pressure and string.format(", CPU pressure %.0f %% (the share of the time some task waited "
+        .. "for a CPU, /proc/pressure/cpu)", meta.cpu_pressure * 100) or ""))
     if quick then
       print(string.format("  BENCH_QUICK run: only missing rows and ratios more than %gx worse are verdicts",
                           M.QUICK_FACTOR))

@@ -298,6 +298,24 @@ local function loadavg()
   return s:match("^(%S+ %S+ %S+)") or s
 end
 local load_before = loadavg()
+-- CPU pressure (/proc/pressure/cpu, "some"): the share of the time some
+-- runnable task waited for a CPU; over the measurements, beside the loads
+-- (nil where the kernel has no PSI)
+local function cpu_waited()
+  local f = io.open("/proc/pressure/cpu")
+  local u = io.open("/proc/uptime")
+  if not (f and u) then
+    if f then f:close() end
+    if u then u:close() end
+    return nil
+  end
+  local us = tonumber(f:read("l"):match("total=(%d+)"))
+  local up = tonumber(u:read("l"):match("^(%S+)"))
+  f:close()
+  u:close()
+  return us and up and { us = us, up = up }
+end
+local psi_start = cpu_waited()
 print(string.format("load average before the run: %s (other work on the machine skews every row)", load_before))
 print("medians of repeated runs (p25..p75 beside); 'x floor' = cost per operation / the floor's,")
 print("'vs Python' = times faster than the Python peer; all ratios from this one run.")
@@ -807,10 +825,15 @@ end
 local commit = readline("git rev-parse --short HEAD") or "?"
 if readline("git status --porcelain --untracked-files=no | head -1") then commit = commit .. "+dirty" end
 local load_after = loadavg()
-guard.finish({ run = string.format("%s run of %s, commit %s, load %s -> %s", QUICK and "BENCH_QUICK" or "full",
-                                   os.date("!%Y-%m-%d %H:%M UTC", t_start), commit, load_before, load_after),
+local psi_end = cpu_waited()
+local pressure = psi_start and psi_end and psi_end.up > psi_start.up
+  and (psi_end.us - psi_start.us) / 1e6 / (psi_end.up - psi_start.up) or nil
+guard.finish({ run = string.format("%s run of %s, commit %s, load %s -> %s%s", QUICK and "BENCH_QUICK" or "full",
+                                   os.date("!%Y-%m-%d %H:%M UTC", t_start), commit, load_before, load_after,
+                                   pressure and string.format(", CPU pressure %.0f %%", pressure * 100) or ""),
                date = os.date("!%Y-%m-%dT%H:%M:%SZ", t_start), commit = commit, quick = QUICK,
-               load_before = load_before, load_after = load_after, seconds = os.time() - t_start }, QUICK,
+               load_before = load_before, load_after = load_after, cpu_pressure = pressure,
+               seconds = os.time() - t_start }, QUICK,
              remeasure)
 print("")
 print(string.format("bench: done in %d s; load average after the run: %s", os.time() - t_start, load_after))
