@@ -47,6 +47,34 @@ describe("Queue in one process", function()
     assert.is_true(q:empty())
   end)
 
+  it("decodes a table message into a given empty table (_get_into, the Pool's loops)", function()
+    local q <close> = mp.Queue()
+    local t = {}
+    q:put({ 1, nil, 3, "four", n = 4, sub = { 5 } })
+    local got = q:_get_into(t)
+    assert.are.equal(t, got)
+    assert.are.same({ 1, nil, 3, "four", n = 4, sub = { 5 } }, t)
+    -- emptied (core._clear) it takes the next, with nothing of the last left
+    core._clear(t)
+    assert.is_nil(next(t))
+    local shared = { 7 }
+    q:put({ shared, shared, self = false })
+    assert.are.equal(t, q:_get_into(t))
+    assert.are.equal(t[1], t[2])              -- references stay shared
+    assert.are_not.equal(t, t[1])             -- a nested table is its own
+    assert.are.same({ { 7 }, { 7 }, self = false }, t)
+    -- a message that is not a plain table comes as itself; t stays empty
+    core._clear(t)
+    q:put("text"); q:put(false); q:put(setmetatable({ 1 }, string))
+    assert.are.equal("text", q:_get_into(t))
+    assert.are.equal(false, q:_get_into(t))
+    local classed = q:_get_into(t)           -- with a metatable: a new one
+    assert.are_not.equal(t, classed)
+    assert.are.equal(string, getmetatable(classed))
+    assert.are.same({ nil, "empty" }, { q:_get_into(t, 0) })
+    assert.is_nil(next(t))
+  end)
+
   it("tells a timeout from a received nil", function()
     local q <close> = mp.Queue()
     local t0 = mp.now and mp.now() or os.clock()

@@ -930,11 +930,12 @@ static int visit_close(lua_State *L, int idx, void *ud) {
   return 1;
 }
 
-/* Protected: the Inbox at 1, the codec flags at 2 -> the values. */
+/* Protected: the Inbox at 1, the codec flags at 2, nil or the table to
+** decode into at 3 -> the values. */
 static int decode_k(lua_State *L) {
   Inbox *in = (Inbox *)lua_touserdata(L, 1);
-  return mp_decode(L, in->buf, in->len, (int)lua_tointeger(L, 2), in->fds,
-                   in->nfds);
+  return mp_decode_into(L, lua_istable(L, 3) ? 3 : 0, in->buf, in->len,
+                        (int)lua_tointeger(L, 2), in->fds, in->nfds);
 }
 
 /* Protected: the Inbox at 1, the codec flags at 2 -> decodes it and closes
@@ -1096,8 +1097,10 @@ static int put_impl(lua_State *L, Chan *c, int vidx, double timeout,
   return 1;
 }
 
+/* 'into': 0, or the stack index of an empty table that a message's table
+** is decoded into (mp_decode_into). */
 static int get_impl(lua_State *L, Chan *c, double timeout, const char *op,
-                    int raw) {
+                    int raw, int into) {
   Inbox *in;
   mp_Wait w;
   int st, base;
@@ -1130,7 +1133,9 @@ static int get_impl(lua_State *L, Chan *c, double timeout, const char *op,
     lua_pushcfunction(L, decode_k);
     lua_pushvalue(L, base);
     lua_pushinteger(L, c->codec);
-    st = lua_pcall(L, 2, LUA_MULTRET, 0);
+    if (into) lua_pushvalue(L, into);
+    else lua_pushnil(L);
+    st = lua_pcall(L, 3, LUA_MULTRET, 0);
     if (st != LUA_OK) {
       inbox_clear(in);
       return lua_error(L);
@@ -1159,12 +1164,22 @@ static int queue_put_nowait(lua_State *L) {
 /* q:get([timeout]) -> v | nil, "timeout" | "closed" */
 static int queue_get(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  return get_impl(L, c, mp_opttimeout(L, 2), "get", 0);
+  return get_impl(L, c, mp_opttimeout(L, 2), "get", 0, 0);
+}
+
+/* q:_get_into(t [, timeout]) -> as q:get, but a message that is a table
+** is decoded into t, which must be empty (mp_decode_into), and t is what
+** comes back.  Internal: the pool's loops take many big messages of one
+** shape, and one table reused spares a table made and collected each. */
+static int queue_get_into(lua_State *L) {
+  Chan *c = checkchan(L, 1);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  return get_impl(L, c, mp_opttimeout(L, 3), "get", 0, 2);
 }
 
 static int queue_get_nowait(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  return get_impl(L, c, 0, "get_nowait", 0);
+  return get_impl(L, c, 0, "get_nowait", 0, 0);
 }
 
 static int queue_qsize(lua_State *L) {
@@ -1270,12 +1285,12 @@ static int conn_send_bytes(lua_State *L) {
 /* conn:recv([timeout]) -> v | nil, "timeout" | "closed" */
 static int conn_recv(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  return get_impl(L, c, mp_opttimeout(L, 2), "recv", 0);
+  return get_impl(L, c, mp_opttimeout(L, 2), "recv", 0, 0);
 }
 
 static int conn_recv_bytes(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  return get_impl(L, c, mp_opttimeout(L, 2), "recv_bytes", 1);
+  return get_impl(L, c, mp_opttimeout(L, 2), "recv_bytes", 1, 0);
 }
 
 /* conn:poll([timeout = 0]) -> true when recv would not block (a message, or
@@ -1614,7 +1629,8 @@ static const mp_CodecType conn_codec = {CONN_T, chan_encode, chan_decode};
   {"fileno", chan_fileno}, {"close", chan_close}, {"closed", chan_closed}
 
 static const luaL_Reg queue_methods[] = {
-  QUEUE_METHODS, {"_functions", queue_functions}, {NULL, NULL}
+  QUEUE_METHODS, {"_functions", queue_functions},
+  {"_get_into", queue_get_into}, {NULL, NULL}
 };
 
 static const luaL_Reg jqueue_methods[] = {

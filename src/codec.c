@@ -976,6 +976,8 @@ struct mp_Reader {
   int refs;                     /* stack slot: the objects, in order */
   lua_Integer nobjs;
   size_t budget;                /* bytes the message may still cost */
+  int into;                     /* stack slot of the table the message's
+                                   first table fills (mp_decode_into), or 0 */
 };
 
 typedef mp_Reader Dec;
@@ -1211,7 +1213,7 @@ static void decode_items (Dec *d, int t, lua_Unsigned narr) {
           lua_pushlstring(L, p, (size_t)u);
           lua_rawseti(L, t, (lua_Integer)i);
           continue;
-        case T_NIL:
+        case T_NIL:   /* a table being reused holds nothing to clear */
           d->p++;
           continue;
         default: break;
@@ -1226,7 +1228,8 @@ static void decode_items (Dec *d, int t, lua_Unsigned narr) {
 static void decode_table (Dec *d, int hasmt) {
   lua_State *L = d->L;
   lua_Unsigned narr = get_varint(d), nhash, i;
-  int t;
+  int t, into = d->into;
+  d->into = 0;                  /* the first value's table, not its parts */
   need(d, narr, 1, "an array of %s items");
   nhash = get_fixed(d, 4);
   need(d, nhash, 2, "%s table entries");
@@ -1235,7 +1238,8 @@ static void decode_table (Dec *d, int hasmt) {
   charge(d, 1, COST_TABLE, "a table");
   charge(d, narr, COST_SLOT, "an array of %s items");
   charge(d, nhash, COST_NODE, "%s table entries");
-  lua_createtable(L, hint(narr), hint(nhash));
+  if (into && !hasmt) lua_pushvalue(L, into);   /* mp_decode_into's */
+  else lua_createtable(L, hint(narr), hint(nhash));
   t = lua_gettop(L);
   number_object(d);
   decode_items(d, t, narr);
@@ -1434,9 +1438,15 @@ static void decode_value (Dec *d) {
 
 int mp_decode (lua_State *L, const char *data, size_t size, int flags,
                int *fds, size_t nfds) {
+  return mp_decode_into(L, 0, data, size, flags, fds, nfds);
+}
+
+int mp_decode_into (lua_State *L, int into, const char *data, size_t size,
+                    int flags, int *fds, size_t nfds) {
   Dec d;
   lua_Unsigned n, i;
   d.L = L;
+  d.into = into ? lua_absindex(L, into) : 0;
   d.start = d.p = data;
   d.end = data + size;
   d.fds = fds;
@@ -1459,6 +1469,8 @@ int mp_decode (lua_State *L, const char *data, size_t size, int flags,
   luaL_checkstack(L, hint(n + 1), "bad message: too many values");
   lua_pushnil(L);
   d.refs = lua_gettop(L);
+  if (n == 0 || d.p == d.end || (unsigned char)*d.p != T_TABLE)
+    d.into = 0;                 /* the first value only, if a plain table */
   for (i = 0; i < n; i++) decode_value(&d);
   if (d.p != d.end)
     bad(&d, "trailing garbage (%I bytes)", (lua_Integer)left(&d));

@@ -65,6 +65,16 @@ void mp_encode(lua_State *L, int first, int n, int flags,
 int mp_decode(lua_State *L, const char *data, size_t size, int flags,
               int *fds, size_t nfds);
 
+/* mp_decode, but the message's first table (its first value, when that is
+** a table without a metatable) is decoded into the empty table at stack
+** index 'into' instead of a new one, and that table is what is pushed:
+** a receiver that takes many big messages of the same shape reuses one
+** table rather than making and collecting one a message.  'into' must hold
+** nothing when it is given: items that are nil in the message are not
+** written. */
+int mp_decode_into(lua_State *L, int into, const char *data, size_t size,
+                   int flags, int *fds, size_t nfds);
+
 /* Frees the encoding of the box at 'box' now (not at its collection) and
 ** closes (__close) the objects held with mp_write_hold.  Idempotent. */
 void mp_encoded_close(lua_State *L, int box);

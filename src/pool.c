@@ -1,10 +1,11 @@
 /*
 ** pool.c -- what mp.Pool (lua/multiprocessing/pool.lua) needs from C: the
 ** number of processors, a quick look at whether a list holds only plain
-** values (which need no check), and the exceptions of failed tasks,
-** including mp.TimeoutError (a kind of ProcessException).  (Its clock and
-** whether stderr is a terminal: core.c's _now and _isatty.)  The pool
-** itself is Lua: a policy over ProcessContexts and Queues.
+** values (which need no check), emptying a table for reuse, and the
+** exceptions of failed tasks, including mp.TimeoutError (a kind of
+** ProcessException).  (Its clock and whether stderr is a terminal:
+** core.c's _now and _isatty.)  The pool itself is Lua: a policy over
+** ProcessContexts and Queues.
 **
 ** The board: one int64 word per worker in a sealed memfd, where a worker
 ** writes which task it is running before each one.  A worker writes it
@@ -136,6 +137,29 @@ static int l_plain(lua_State *L) {
   return 1;
 }
 
+/* _clear(t): t holds nothing after, and keeps the room it had: the pool's
+** loops decode one big message after another into the same table
+** (Queue:_get_into), which must be empty each time.  The array part goes
+** by index, the rest by lua_next (assigning nil to a field during the
+** traversal is allowed). */
+static int l_clear(lua_State *L) {
+  lua_Integer i;
+  luaL_checktype(L, 1, LUA_TTABLE);
+  lua_settop(L, 1);
+  for (i = (lua_Integer)lua_rawlen(L, 1); i > 0; i--) {
+    lua_pushnil(L);                               /* t nil */
+    lua_rawseti(L, 1, i);                         /* t */
+  }
+  lua_pushnil(L);                                 /* t nil */
+  while (lua_next(L, 1)) {                        /* t k v */
+    lua_pop(L, 1);                                /* t k */
+    lua_pushvalue(L, -1);                         /* t k k */
+    lua_pushnil(L);                               /* t k k nil */
+    lua_rawset(L, 1);                             /* t k */
+  }
+  return 0;                                       /* t */
+}
+
 /* _check_sendable(v, name [, to [, data]]): raises the codec's error
 ** (naming the path from 'name') when v cannot be sent 'to' (default "to a
 ** pool worker"), with functions unless 'data'.  The encoding is a
@@ -260,6 +284,7 @@ void mp_open_pool(lua_State *L) {
   static const luaL_Reg funcs[] = {
     {"_waiter", l_waiter},
     {"_exception", l_exception}, {"_plain", l_plain}, {"_board", l_board},
+    {"_clear", l_clear},
     {"_check_sendable", l_check_sendable},
     {"_nofile_at_least", l_nofile_at_least},
     {NULL, NULL}
