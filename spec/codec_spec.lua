@@ -343,6 +343,32 @@ describe("codec", function()
                        encode_error(false, chunk({ 1 }, { 2, function() end }, 1, 2)))
     end)
 
+    it("with args, an item crosses as the argument list unpack reads from it", function()
+      local shared = { "s" }
+      local proxy = setmetatable({}, { __index = function(_, k) return k == 1 and "p" or nil end,
+                                      __len = function() return 2 end })
+      local list = { { 1, 2 }, { 1, nil, 3, n = 3, x = print }, {}, { n = 2 }, proxy,
+                     { shared, shared }, { n = 1.0 }, "not a table" }
+      local b = rt(chunk({ 0 }, list, 1, #list, true))
+      assert.are.equal(0, b[1])
+      assert.are.same({ 1, 2 }, b[2])
+      assert.are.same({ 1, nil, 3, n = 3 }, b[3])         -- a nil inside: n
+      assert.are.same({}, b[4])
+      assert.are.same({ n = 2 }, b[5])
+      assert.are.same({ "p", n = 2 }, b[6])               -- read through the metatable
+      assert.is_nil(getmetatable(b[6]))
+      assert.are.equal(b[7][1], b[7][2])                  -- values keep their references
+      assert.are.same({ n = 1 }, b[8])
+      assert.are.equal("not a table", b[9])
+      -- an n that is no count: the item crosses as it is, for unpack to refuse
+      assert.are.same({ n = "x" }, rt(chunk({}, { { n = "x" } }, 1, 1, true))[1])
+      -- an argument list has no number: the same table twice is two lists
+      local twice = rt(chunk({}, { shared, shared }, 1, 2, true))
+      assert.are_not.equal(twice[1], twice[2])
+      assert.are.equal("cannot send value1[1][2] (function) to another process",
+                       encode_error(false, chunk({}, { { 1, function() end } }, 1, 1, true)))
+    end)
+
     it("checks its arguments", function()
       assert.has_error(function() chunk(setmetatable({}, {}), {}, 1, 1) end)
       assert.has_error(function() chunk({}, {}, 0, 1) end)

@@ -139,6 +139,70 @@ for _, method in ipairs(H.methods) do
       assert.are.same({ "A", "B", n = 2 }, pool:map(string.upper, { "a", "b" }))
     end)
 
+    it("imap_unordered: a failed item raises at its turn; with outcomes it is yielded", function()
+      local flag = os.tmpname()
+      os.remove(flag)
+      local pool <close> = mp.Pool(2, { start_method = method })
+      local function f(x)
+        if x == 3 then error("three") end
+        if x >= 5 then wait_file(flag) end
+        return x * 10
+      end
+      local got = {}
+      local ok, e = pcall(function()
+        for i, r in pool:imap_unordered(f, { 1, 2, 3, 4, 5, 6 }, 2) do got[i] = r end
+      end)
+      assert.is_false(ok)
+      assert.matches("three", tostring(e))
+      for i, r in pairs(got) do assert.are.equal(i * 10, r) end
+      -- items 5 and 6 finish after the loop has left: their results are
+      -- dropped, and the pool counts the abandoned job once
+      touch(flag)
+      for _ = 1, 3000 do                 -- until the message of 5 and 6 is back
+        pool:_drain()
+        if pool.nmsg == 0 then break end
+        os.execute("sleep 0.01")
+      end
+      assert.are.equal(0, pool.nmsg)
+      assert.are.equal(0, pool.active)
+      local outs, count = {}, 0
+      for i, o in pool:imap_unordered(f, { 1, 2, 3, 4, 5 }, { outcomes = true, chunksize = 2 }) do
+        outs[i], count = o, count + 1
+      end
+      assert.are.equal(5, count)
+      for i = 1, 5 do
+        if i == 3 then
+          assert.is_false(outs[3].ok)
+          assert.matches("three", tostring(outs[3].error))
+        else
+          assert.are.same({ ok = true, value = i * 10 }, outs[i])
+        end
+      end
+      assert.are.same({ 20, n = 1 }, pool:map(f, { 2 }))
+      os.remove(flag)
+    end)
+
+    it("starmap calls fn with what table.unpack(args, 1, args.n or #args) gives", function()
+      local pool <close> = mp.Pool(2, { start_method = method })
+      local function show(...)
+        local t = table.pack(...)
+        for i = 1, t.n do
+          t[i] = type(t[i]) == "table" and ("{%s}"):format(t[i][1]) or tostring(t[i])
+        end
+        return t.n .. ":" .. table.concat(t, ",", 1, t.n)
+      end
+      local shared = { 7 }
+      local proxy = setmetatable({}, { __index = function(_, k) return k == 1 and "p" or nil end,
+                                      __len = function() return 2 end })
+      assert.are.same({ "2:1,2", "3:1,nil,3", "0:", "2:nil,nil", "2:p,nil", "2:{7},{7}", n = 6 },
+                      pool:starmap(show, { { 1, 2 }, { 1, nil, 3, n = 3 }, {}, { n = 2 }, proxy,
+                                           { shared, shared } }))
+      local same = pool:starmap(function(a, b) return a == b end, { { shared, shared } })
+      assert.is_true(same[1])
+      assert.matches("bad argument #3 to 'unpack'",
+                     tostring(select(2, pcall(pool.starmap, pool, show, { { n = "x" } }))))
+    end)
+
     it("imap yields in order as results come; imap_unordered gives positions", function()
       local flag = os.tmpname()
       os.remove(flag)

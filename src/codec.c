@@ -16,6 +16,9 @@
 **           | T_MODFIELD str(name) str(field)     require(name)[field]
 **           | T_FUNCTION u32(len) bytecode varint(nup) upvalue{nup}
 **           | T_USERDATA str(tname) u32(nbytes) u32(nfds) bytes
+**           | T_ARGS varint(n) value{n}             an argument list: a table
+**                                     of the n values, its field n = n when
+**                                     one is nil; no object number
 **   table   = varint(narray) u32(nhash) value{narray} (value value){nhash}
 **   upvalue = value | T_UPJOIN varint(k) varint(i)  shares upvalue i of the
 **                                                  k-th object (a function)
@@ -81,7 +84,8 @@
 typedef enum Tag {
   T_NIL = 0, T_FALSE = 1, T_TRUE = 2, T_INT = 3, T_FLOAT = 4, T_STRING = 5,
   T_TABLE = 6, T_TABLEMT = 7, T_REF = 8, T_GLOBALS = 9, T_MODULE = 10,
-  T_MODFIELD = 11, T_FUNCTION = 12, T_USERDATA = 13, T_UPJOIN = 14
+  T_MODFIELD = 11, T_FUNCTION = 12, T_USERDATA = 13, T_UPJOIN = 14,
+  T_ARGS = 15
 } Tag;
 
 /* registry key of the table tname -> light userdata (const mp_CodecType *) */
@@ -698,16 +702,46 @@ static void encode_table (Enc *e, int t, const Step *at) {
   e->depth--;
 }
 
-/* core._chunk(head, list, first, n): a view that crosses as one table, as
-** if it were built as
+/* core._chunk(head, list, first, n [, args]): a view that crosses as one
+** table, as if it were built as
 **   t = {head[1], ..., head[#head]}; table.move(list, first, first+n-1, #t+1, t)
 ** plus head's other entries.  The Pool's messages are such views: a run of
 ** the caller's list crosses without being copied into a message table
 ** first, and its items are only indexed, not walked with lua_next (which
-** costs a table's items as much again). */
+** costs a table's items as much again).  With 'args' (a starmap's), each
+** item that is a table crosses as the argument list it stands for
+** (encode_args). */
 typedef struct Chunk {
   lua_Integer first, n;
+  int args;
 } Chunk;
+
+/* The argument list 'item' (a table at t, list item i) stands for: the
+** values table.unpack(item, 1, item.n or #item) gives, read as it reads
+** them, as T_ARGS: no object number, no metatable, no walk of the table,
+** which is what a starmap's 100,000 small tables cost.  Returns 0, having
+** written nothing, when item.n is neither nil nor a count: the item then
+** crosses as it is, and the worker's unpack says what is wrong. */
+static int encode_args (Enc *e, int t, lua_Unsigned i, const Step *at) {
+  lua_State *L = e->L;
+  Step s = {at, STEP_INDEX, NULL, 0, (lua_Integer)i};
+  lua_Integer n, k;
+  int isnum = 1;
+  if (lua_getfield(L, t, "n") == LUA_TNIL) n = luaL_len(L, t);  /* nil */
+  else n = lua_tointegerx(L, -1, &isnum);                     /* n */
+  lua_pop(L, 1);                                              /* */
+  if (!isnum || n > INT_MAX) return 0;
+  if (n < 0) n = 0;
+  enter(e, at);
+  put_tag_varint(e, T_ARGS, (lua_Unsigned)n);
+  for (k = 1; k <= n; k++) {
+    lua_geti(L, t, k);                                        /* v */
+    encode_item(e, (lua_Unsigned)k, &s);
+    lua_pop(L, 1);                                            /* */
+  }
+  e->depth--;
+  return 1;
+}
 
 static void encode_chunk (Enc *e, int u, const Step *at) {
   lua_State *L = e->L;
@@ -731,7 +765,9 @@ static void encode_chunk (Enc *e, int u, const Step *at) {
   }
   for (i = 0; i < (lua_Unsigned)c->n; i++) {  /* as table.move reads */
     lua_geti(L, head + 1, c->first + (lua_Integer)i); /* head list item */
-    encode_item(e, nh + 1 + i, at);
+    if (!(c->args && lua_istable(L, -1) &&
+          encode_args(e, lua_gettop(L), nh + 1 + i, at)))
+      encode_item(e, nh + 1 + i, at);
     lua_pop(L, 1);                                    /* head list */
   }
   lua_pushnil(L);                                     /* head list nil */
@@ -1254,6 +1290,34 @@ static void decode_table (Dec *d, int hasmt) {
   d->depth--;
 }
 
+/* T_ARGS (encode_args): pushes a table of the n values, with n = n when
+** one of them is nil, so that table.unpack(t, 1, t.n or #t) gives them
+** all back. */
+static void decode_args (Dec *d) {
+  lua_State *L = d->L;
+  lua_Unsigned n = get_varint(d), i;
+  int t, holes = 0;
+  need(d, n, 1, "an argument list of %s values");
+  enter_dec(d);
+  charge(d, 1, COST_TABLE + COST_NODE, "a table");
+  charge(d, n, COST_SLOT, "an argument list of %s values");
+  lua_createtable(L, hint(n), 0);                     /* t */
+  t = lua_gettop(L);
+  for (i = 1; i <= n; i++) {
+    decode_value(d);                                  /* t v */
+    if (lua_isnil(L, -1)) {
+      holes = 1;
+      lua_pop(L, 1);                                  /* t */
+    }
+    else lua_rawseti(L, t, (lua_Integer)i);           /* t */
+  }
+  if (holes) {
+    lua_pushinteger(L, (lua_Integer)n);               /* t n */
+    lua_setfield(L, t, "n");                          /* t */
+  }
+  d->depth--;
+}
+
 /* Replaces the module name on top with require(name). */
 static void require_module (Dec *d) {                 /* name */
   lua_State *L = d->L;
@@ -1430,6 +1494,7 @@ static void decode_value (Dec *d) {
     case T_MODULE: case T_MODFIELD: decode_module(d, tag == T_MODFIELD); break;
     case T_FUNCTION: decode_function(d); break;
     case T_USERDATA: decode_userdata(d); break;
+    case T_ARGS: decode_args(d); break;
     default:
       d->p--;
       bad(d, "bad tag %d", tag);
@@ -1611,10 +1676,11 @@ static int l_decode (lua_State *L) {
   return n;
 }
 
-/* core._chunk(head, list, first, n) -> the view encode_chunk writes: head
-** a table without a metatable, first >= 1, n >= 0. */
+/* core._chunk(head, list, first, n [, args]) -> the view encode_chunk
+** writes: head a table without a metatable, first >= 1, n >= 0. */
 static int l_chunk (lua_State *L) {
   lua_Integer first = luaL_checkinteger(L, 3), n = luaL_checkinteger(L, 4);
+  int args = lua_toboolean(L, 5);
   Chunk *c;
   luaL_checktype(L, 1, LUA_TTABLE);
   luaL_checktype(L, 2, LUA_TTABLE);
@@ -1625,6 +1691,7 @@ static int l_chunk (lua_State *L) {
   c = (Chunk *)lua_newuserdatauv(L, sizeof(Chunk), 2);
   c->first = first;
   c->n = n;
+  c->args = args;
   lua_pushvalue(L, 1);
   lua_setiuservalue(L, -2, 1);
   lua_pushvalue(L, 2);

@@ -121,17 +121,41 @@ static const mp_CodecType board_codec = {BOARD_T, board_encode, board_decode};
 
 #define MP_EXC_TIMEOUT "multiprocessing.TimeoutError"
 
-/* _plain(t, n) -> whether t[1..n] are all nil, booleans, numbers or
-** strings: such a list needs no check that it can be sent. */
+static int is_plain(int type) {
+  return type == LUA_TNIL || type == LUA_TBOOLEAN || type == LUA_TNUMBER ||
+         type == LUA_TSTRING;
+}
+
+/* Whether the table on top, a starmap's argument list, has no metatable
+** and plain values where table.unpack(t, 1, t.n or #t) reads: what
+** crosses of it is those values (codec.c's T_ARGS). */
+static int plain_args(lua_State *L) {
+  int t = lua_gettop(L), plain = 1;
+  lua_Integer n, k;
+  if (lua_getmetatable(L, t)) return 0;           /* ... t mt */
+  if (lua_getfield(L, t, "n") == LUA_TNIL)        /* ... t n */
+    n = (lua_Integer)lua_rawlen(L, t);
+  else if (lua_isinteger(L, -1)) n = lua_tointeger(L, -1);
+  else return 0;
+  for (k = 1; plain && k <= n; k++) {
+    plain = is_plain(lua_rawgeti(L, t, k));       /* ... t n v */
+    lua_pop(L, 1);                                /* ... t n */
+  }
+  return plain;
+}
+
+/* _plain(t, n [, args]) -> whether t[1..n] are all nil, booleans, numbers
+** or strings (with args: all argument lists of such values): such a list
+** needs no check that it can be sent. */
 static int l_plain(lua_State *L) {
   lua_Integer n = luaL_checkinteger(L, 2), i;
-  int plain = 1;
+  int args = lua_toboolean(L, 3), plain = 1;
   luaL_checktype(L, 1, LUA_TTABLE);
+  lua_settop(L, 3);
   for (i = 1; plain && i <= n; i++) {
-    int t = lua_rawgeti(L, 1, i);                 /* t ... v */
-    plain = t == LUA_TNIL || t == LUA_TBOOLEAN || t == LUA_TNUMBER
-            || t == LUA_TSTRING;
-    lua_pop(L, 1);
+    int type = lua_rawgeti(L, 1, i);              /* t n args v */
+    plain = args ? type == LUA_TTABLE && plain_args(L) : is_plain(type);
+    lua_settop(L, 3);                             /* t n args */
   }
   lua_pushboolean(L, plain);
   return 1;

@@ -32,7 +32,7 @@ local S = require "multiprocessing.poolsup"
 local M = {}
 
 local now, mk_exception = core._now, core._exception
-local chunk, new_table = core._chunk, core._table
+local chunk, new_table, clear = core._chunk, core._table, core._clear
 local tmove, floor, min, max = table.move, math.floor, math.min, math.max
 local pcall, type = pcall, type
 local argerror, describe, check_type = C.argerror, C.describe, C.check_type
@@ -51,7 +51,7 @@ local TERM_GRACE = 1.0     -- terminate(): the same for the whole pool
 local APPLY_BATCH = 1024  -- apply_async calls gathered while workers are busy
 local APPLY_IDLE = 64     -- ... or while some worker is idle
 local WINDOW = 65536       -- imap: results buffered ahead of the consumer
-local RESULTS_CAP = 64 << 20
+local RESULTS_CAP = 256 << 10
 local FDS_PER_WORKER = 1   -- descriptors a worker costs the parent (its pidfd)
 
 local START_METHODS = { fork = true, spawn = true, forkserver = true }
@@ -227,7 +227,7 @@ function M.new(processes, opts)
   -- limit is raised for them, as mprun does
   core._nofile_at_least(processes * FDS_PER_WORKER + 256)
   self.results = mp.Queue(0, { capacity = RESULTS_CAP })
-  self.tasks = mp.Queue()
+  self.tasks = mp.Queue(0, { capacity = RESULTS_CAP })
   self.tasks:_functions()
   self.cur = core._board(processes)
   self.applies = { kind = "apply", mode = 2, list = {}, n = 0, next = 1,
@@ -326,7 +326,7 @@ local function send(self, job, first, n)
   else
     -- the run of the caller's list crosses as a view, not copied into msg
     msg.fns = { [job.fid] = job.fn }
-    msg = chunk(msg, job.list, first, n)
+    msg = chunk(msg, job.list, first, n, job.mode == 1)  -- 1: star
   end
   local ok, sent, why = pcall(self.tasks.put, self.tasks, msg)
   if not (ok and sent) then
@@ -413,9 +413,8 @@ local function settle(self, job, pos, ok, value)
     value = ok and { ok = true, value = value } or { ok = false, error = value }
     ok = true
   end
-  if kind == "unordered" then
-    local t = job.rtail + 1
-    job.rtail, job.rpos[t], job.rval[t], job.rok[t] = t, pos, value, ok
+  if kind == "unordered" then      -- a run of one (see imap_iter)
+    push(job.runs, { { value }, 1, 1, pos, failed = not ok or nil })
   elseif ok then
     job.results[pos] = value
     if job.got then job.got[pos] = true end
@@ -478,7 +477,8 @@ local function message_done(self, mid, rec, res, w)
   end
 end
 
--- A results message from a worker.
+-- A results message from a worker; true when 'res' is kept (by an
+-- imap_unordered job, which hands out its results from it).
 function Pool:_receive(res)
   if not res then return end   -- the parent's own no-op (see _lost)
   local mid, k0, k1 = res[1], res[2], res[3]
@@ -493,11 +493,17 @@ function Pool:_receive(res)
   rec.w = w
   local job, errs = rec.job, res.e
   local base = rec.first - 1
-  if job.kind == "map" and not errs and not job.outcomes then
-    tmove(res, 4, 4 + k1 - k0, rec.first + k0 - 1, job.results)
+  local kind, kept = job.kind, false
+  if (kind == "map" or kind == "unordered") and not errs and not job.outcomes then
+    if kind == "map" then
+      tmove(res, 4, 4 + k1 - k0, rec.first + k0 - 1, job.results)
+    else   -- the message's results are handed out from it as they are
+      push(job.runs, { res, 4, 4 + k1 - k0, rec.first + k0 - 1 })
+      kept = true
+    end
     job.left = job.left - (k1 - k0 + 1)
     if not job.abandoned then self.ndone = self.ndone + (k1 - k0 + 1) end
-    if job.left == 0 then finish_job(self, job) end
+    if job.left == 0 and not job.abandoned then finish_job(self, job) end
   else
     for k = k0, k1 do
       local e = errs and errs[k]
@@ -511,20 +517,37 @@ function Pool:_receive(res)
   rec.upto = k1
   if k1 == rec.n or res.back then message_done(self, mid, rec, res, w) end
   if job.progress then job.progress() end
+  return kept
 end
 
-local function get_result(results, timeout)
-  return results:get(timeout)
+-- The next results message, or nil, "timeout" | "closed".  Messages are
+-- decoded into one spare table (Queue:_get_into), emptied after each
+-- (settled): a big map does not make and drop a table a message.  A
+-- callback that drains the queue while a message is being settled gets a
+-- table of its own.
+local function get_result(self, timeout)
+  local t = self.spare or {}
+  self.spare = nil
+  local v, why = self.results:_get_into(t, timeout)
+  if v ~= t then self.spare = t end
+  return v, why
+end
+
+local function settle_message(self, res)
+  if not self:_receive(res) and type(res) == "table" then
+    clear(res)
+    self.spare = res
+  end
 end
 
 -- Takes every result already queued, without waiting.
 function Pool:_drain()
   local results = self.results
   while results:qsize() > 0 do
-    local ok, msg = pcall(get_result, results, 0)
+    local ok, msg = pcall(get_result, self, 0)
     if not ok then self:_queue_error(msg) return end
     if msg == nil then return end   -- a message being written, or dropped
-    self:_receive(msg)
+    settle_message(self, msg)
   end
 end
 
@@ -563,15 +586,15 @@ function Pool:_run(done, timeout, call)
       -- the engine sees it go, not at the next look
       ok, msg = pcall(core._poll, { self.ctx:fileno(), results:fileno() },
                       slice, call)
-      if ok then ok, msg = pcall(get_result, results, 0) end
+      if ok then ok, msg = pcall(get_result, self, 0) end
       self.next_check = 0
     elseif slice > 0 then
-      ok, msg = pcall(get_result, results, slice)
+      ok, msg = pcall(get_result, self, slice)
     end
     if not ok then
       self:_queue_error(msg)
     elseif msg ~= nil then
-      self:_receive(msg)
+      settle_message(self, msg)
     end
     self:_drain()
     if ok and msg == nil or now() >= self.next_check then self:_check() end
@@ -649,19 +672,21 @@ local function new_job(self, fname, kind, fn, list, cs, star, default_cs)
   end
   check_count(fname, 3, cs, "chunksize", 3)
   check_seconds(fname, 3, opts.timeout, "timeout", 3)
-  if star then
-    for i = 1, n do
-      if type(list[i]) ~= "table" then
-        argerror(fname, 2, ("list[%d] must be a table of arguments, got %s")
-                           :format(i, describe(list[i])), 3)
+  if not core._plain(list, n, star) then
+    if star then
+      for i = 1, n do
+        if type(list[i]) ~= "table" then
+          argerror(fname, 2, ("list[%d] must be a table of arguments, got %s")
+                             :format(i, describe(list[i])), 3)
+        end
       end
     end
+    check_sendable(fname, "list", list, 3)
   end
   local fid = fn_id(self, fname, fn, 3)
-  if not core._plain(list, n) then check_sendable(fname, "list", list, 3) end
   local job = { kind = kind, fname = fname, mode = star and 1 or 0, fn = fn, fid = fid,
                 list = list, n = n, next = 1, left = n, chunksize = cs,
-                results = new_table(n, n), tries = {}, outcomes = opts.outcomes,
+                results = kind ~= "unordered" and new_table(n, n) or nil, tries = {}, outcomes = opts.outcomes,
                 timeout = opts.timeout, pool = self }
   job.progress = progress_line(self, job)
   if n > 0 then
@@ -745,19 +770,25 @@ local function imap_iter(self, fname, kind, fn, list, chunksize)
       return pos, v
     end, nil, nil, closer
   end
-  job.rpos, job.rval, job.rok, job.rhead, job.rtail = {}, {}, {}, 1, 0
+  -- results come in runs, in the order they arrive: a run is { values,
+  -- first index, last index, position of the first[, failed] }, a whole
+  -- message's results or one settled item
+  local runs = fifo()
+  local run, j, last = nil, 1, 0
+  local function arrived() return not is_empty(runs) end
+  job.runs = runs
   return function()
     if i >= job.n then return nil end
     i = i + 1
-    if job.rhead > job.rtail then
-      self:_run(function() return job.rhead <= job.rtail end, nil, fname)
+    if j > last then
+      if is_empty(runs) then self:_run(arrived, nil, fname) end
+      run = pop(runs)
+      j, last = run[2], run[3]
     end
-    local h = job.rhead
-    local pos, v, ok = job.rpos[h], job.rval[h], job.rok[h]
-    job.rpos[h], job.rval[h], job.rok[h] = nil, nil, nil
-    job.rhead = h + 1
+    local v, pos = run[1][j], run[4] + j - run[2]
+    j = j + 1
     job.consumed = i
-    if not ok then
+    if run.failed then
       abandon(self, job)
       error(v, 0)
     end

@@ -5,7 +5,7 @@ local core = require "multiprocessing.core"
 
 local M = {}
 
-local now = core._now
+local now, clear = core._now, core._clear
 local unpack, min = table.unpack, math.min
 local pcall, type = pcall, type
 
@@ -91,15 +91,17 @@ local function post(results, out)
   if not ok then error(err, 0) end
 end
 
--- Runs the items of one message into 'out', all in one protected call
--- while they succeed: the error handler records a failure, and the loop
--- goes on from the next item.  Partial results go out every FLUSH seconds
--- (the clock is read per item only once items are seen to be slow).
-local function run_message(msg, n, fns, results, mark, slot)
+-- Runs the items of one message into 'out' (empty), all in one protected
+-- call while they succeed: the error handler records a failure, and the
+-- loop goes on from the next item.  Partial results go out every FLUSH
+-- seconds (the clock is read per item only once items are seen to be
+-- slow), and 'out' is emptied for the rest.
+local function run_message(msg, n, fns, results, mark, slot, out)
   local mid, mode = msg[1], msg[3]
   local fn = fns[msg[2]]
   local base, start = mid * MID, now()
-  local out, k0, k = { mid, 1, s = slot }, 1, 0
+  local k0, k = 1, 0
+  out[1], out[2], out.s = mid, 1, slot
   local flushed, stride = start, 1
   local function body()
     local mark_, task, msg_, base_ = mark, fn, msg, base
@@ -134,7 +136,9 @@ local function run_message(msg, n, fns, results, mark, slot)
         if t - flushed >= FLUSH then
           out[3] = k
           post(results, out)
-          k0, flushed, out = k + 1, t, { mid, k + 1, s = slot }
+          clear(out)
+          k0, flushed = k + 1, t
+          out[1], out[2], out.s = mid, k0, slot
         end
       end
     end
@@ -145,7 +149,6 @@ local function run_message(msg, n, fns, results, mark, slot)
   end
   while k < n do xpcall(body, failed) end
   out[3], out.d = n, now() - start
-  return out
 end
 
 --- The body of a pool worker (a module function: it crosses by reference),
@@ -175,15 +178,20 @@ function M.worker(rank, cfg)
   end
   mark(-1)
   local count = 0
+  -- every message is decoded into the one table 'msg', and its results
+  -- gathered in the one table 'out', each emptied after use: a worker
+  -- that made and dropped two tables as big as its messages each time
+  -- would have the collector walk the heap it shares with its parent
+  -- (fork), which copies every page of it
+  local msg, out = {}, {}
   while true do
-    local msg = tasks:get()
-    if not msg then return end
+    if not tasks:_get_into(msg) then return end
     local mid, n = msg[1], msg[4]
     mark(mid * MID)                -- taken, no item started: see poolsup
     -- a message may hold more items than this worker has left to run: it
     -- runs what it may and gives the rest back (out.back)
     local m = maxtasks and min(n, maxtasks - count) or n
-    local out = run_message(msg, m, msg.fns, results, mark, slot)
+    run_message(msg, m, msg.fns, results, mark, slot, out)
     count = count + m
     -- its last message says so: the parent starts the next worker at once
     local last = maxtasks and count >= maxtasks
@@ -191,6 +199,8 @@ function M.worker(rank, cfg)
     mark(mid * MID + n + 1)        -- posting: see poolsup's lost
     post(results, out)
     if last then return end        -- (the slot is the next worker's now)
+    clear(msg)
+    clear(out)
     mark(-1)
   end
 end
