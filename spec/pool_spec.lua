@@ -710,6 +710,31 @@ describe("mp.Pool at scale:", function()
     assert.are.equal(256, #pool.workers)
   end)
 
+  it("big tasks with big results do not deadlock the parent against its workers", function()
+    -- items and results far bigger than the pool's queues: a parent that
+    -- waited on the task queue while every worker waited to post a result
+    -- would wait for ever (run apart, under a timeout, so that a hang fails)
+    for _, method in ipairs(H.methods) do
+      for _, n in ipairs { 1, 2 } do
+        local script = H.script(([[
+local mp = require "multiprocessing"
+local pool <close> = mp.Pool(%d, { start_method = %q })
+local list = {}
+for i = 1, 8 do list[i] = ("x"):rep(1 << 20) .. i end
+local r = pool:map(function(s) return s .. s end, list, 1)
+local ars = {}
+for i = 1, 8 do ars[i] = pool:apply_async(function(s) return s:rep(3) end, { list[i] }) end
+local ok = r.n == 8
+for i = 1, 8 do ok = ok and r[i] == list[i] .. list[i] and ars[i]:get() == list[i]:rep(3) end
+print(ok and "done" or "wrong")
+]]):format(n, method))
+        local out = H.sh("timeout -s KILL 120 lua5.4 " .. script .. " 2>&1")
+        os.remove(script)
+        assert.are.equal("done\n", out, method .. " Pool(" .. n .. ")")
+      end
+    end
+  end)
+
   it("1,000,000 trivial tasks through imap_unordered with flat parent memory", function()
     local pool <close> = mp.Pool(2, { start_method = "fork" })
     local n = 1000000

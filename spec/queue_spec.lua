@@ -585,6 +585,20 @@ for _, method in ipairs(H.methods) do
       assert.is_true(ctx:join(10))
     end)
 
+    it("_put_patient (the Pool's): a big item streams to a reader; with none it is given up", function()
+      local q <close> = mp.Queue(0, { capacity = 4096 })
+      local big = ("abcdefgh"):rep(50000)
+      -- nobody reads: given up when no piece has been taken for the timeout,
+      -- taken back whole
+      assert.are.same({ nil, "timeout" }, { q:_put_patient(big, 0.2) })
+      assert.are.same({ nil, "empty" }, { q:get_nowait() })
+      local ctx = start(function(_, qq, s) assert(qq:_put_patient({ s }, 5)); assert(qq:_put_patient(s, 5)) end,
+                        { q, big })
+      assert.are.equal(big, q:get(30)[1])
+      assert.are.equal(big, q:get(30))
+      assert.is_true(ctx:join(10))
+    end)
+
     it("a timed put of an item bigger than the capacity streams to a reader", function()
       local q <close> = mp.Queue(0, { capacity = 4096 })
       local big = ("abcdefgh"):rep(50000)

@@ -556,6 +556,7 @@ static int write_chunks(Chan *c, int r, const void *src, size_t n,
     n -= k;
     g->wpending -= k;
     publish(c, r, t + k);
+    if (w->patience > 0) w->deadline = mp_now() + w->patience;
   }
   return MP_OK;
 }
@@ -1066,8 +1067,10 @@ static int push_outcome(lua_State *L, Chan *c, int st, const char *op,
 #define QUEUE_WHY "through a Queue: a Queue" CROSS_WHY
 #define PIPE_WHY "through a Pipe: a Pipe" CROSS_WHY
 
+/* 'patient': a message too big to go at once is given up only after
+** 'timeout' seconds in which its reader took none of it (mp_Wait). */
 static int put_impl(lua_State *L, Chan *c, int vidx, double timeout,
-                    const char *op, int raw) {
+                    const char *op, int raw, int patient) {
   static const char *const names[] = {"item"};
   mp_Encoded enc;
   mp_Wait w;
@@ -1088,6 +1091,7 @@ static int put_impl(lua_State *L, Chan *c, int vidx, double timeout,
                                                              : PIPE_WHY, &enc);
   }
   mp_wait_init(&w, L, timeout);
+  if (patient && timeout > 0) w.patience = timeout;
   st = chan_write(c, enc.data, enc.size, enc.fds, enc.nfds, flags, &w);
   if (st != MP_OK) {
     if (flags == 0) unsend(L, c, &enc);
@@ -1153,18 +1157,30 @@ static int get_impl(lua_State *L, Chan *c, double timeout, const char *op,
 /* q:put(v [, timeout]) -> true | nil, "timeout" | "closed" */
 static int queue_put(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  return put_impl(L, c, 2, mp_opttimeout(L, 3), "put", 0);
+  return put_impl(L, c, 2, mp_opttimeout(L, 3), "put", 0, 0);
 }
 
 static int queue_put_nowait(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  return put_impl(L, c, 2, 0, "put_nowait", 0);
+  return put_impl(L, c, 2, 0, "put_nowait", 0, 0);
 }
 
 /* q:get([timeout]) -> v | nil, "timeout" | "closed" */
 static int queue_get(lua_State *L) {
   Chan *c = checkchan(L, 1);
   return get_impl(L, c, mp_opttimeout(L, 2), "get", 0, 0);
+}
+
+/* q:_put_patient(v, timeout) -> as q:put, but a message too big for the
+** ring, which goes in pieces as its reader takes them, is given up only
+** when its reader takes nothing for 'timeout' seconds, not once
+** 'timeout' has passed.  Internal: the Pool's parent waits a short while
+** for room, so that it goes back to reading results (a worker blocked on
+** posting its own reads no task), yet a message of any size gets across
+** while a worker reads it. */
+static int queue_put_patient(lua_State *L) {
+  Chan *c = checkchan(L, 1);
+  return put_impl(L, c, 2, mp_opttimeout(L, 3), "put", 0, 1);
 }
 
 /* q:_get_into(t [, timeout]) -> as q:get, but a message that is a table
@@ -1274,12 +1290,12 @@ static int chan_fileno(lua_State *L) {
 /* conn:send(v) -> true | nil, "closed" */
 static int conn_send(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  return put_impl(L, c, 2, -1, "send", 0);
+  return put_impl(L, c, 2, -1, "send", 0, 0);
 }
 
 static int conn_send_bytes(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  return put_impl(L, c, 2, -1, "send_bytes", 1);
+  return put_impl(L, c, 2, -1, "send_bytes", 1, 0);
 }
 
 /* conn:recv([timeout]) -> v | nil, "timeout" | "closed" */
@@ -1630,7 +1646,8 @@ static const mp_CodecType conn_codec = {CONN_T, chan_encode, chan_decode};
 
 static const luaL_Reg queue_methods[] = {
   QUEUE_METHODS, {"_functions", queue_functions},
-  {"_get_into", queue_get_into}, {NULL, NULL}
+  {"_get_into", queue_get_into}, {"_put_patient", queue_put_patient},
+  {NULL, NULL}
 };
 
 static const luaL_Reg jqueue_methods[] = {

@@ -133,6 +133,10 @@ typedef struct mp_Wait {
   double started;
   double lastcheck;        /* when mp_Waitable.check last ran */
   int spins;               /* polls before sleeping (mp_wait_for) */
+  double patience;         /* > 0: a message written in pieces is given up
+                              only after this long with no piece taken
+                              (channel.c's write_chunks); 0: at the
+                              deadline */
 } mp_Wait;
 
 /* Starts a wait of 'timeout' seconds (< 0: for ever).  L == NULL: Ctrl-C

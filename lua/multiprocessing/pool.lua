@@ -51,7 +51,12 @@ local TERM_GRACE = 1.0     -- terminate(): the same for the whole pool
 local APPLY_BATCH = 1024  -- apply_async calls gathered while workers are busy
 local APPLY_IDLE = 64     -- ... or while some worker is idle
 local WINDOW = 65536       -- imap: results buffered ahead of the consumer
-local RESULTS_CAP = 256 << 10
+-- The two queues are small rings: their pages stay mapped in every
+-- process, where the first touch of each page of a big ring costs a page
+-- fault in each process (15-60 us on a VM) until the ring has gone round
+-- once.  A message bigger than a ring goes in pieces.
+local RESULTS_CAP, TASKS_CAP = 256 << 10, 256 << 10
+local PUT_WAIT, PUT_WAIT_MAX = 0.02, 1  -- seconds a task message may wait
 local FDS_PER_WORKER = 1   -- descriptors a worker costs the parent (its pidfd)
 
 local START_METHODS = { fork = true, spawn = true, forkserver = true }
@@ -218,6 +223,7 @@ function M.new(processes, opts)
     progress = type(opts.progress) == "function" and opts.progress
                or opts.progress and core._isatty(2),
     state = "run", workers = {}, msgs = {}, nextmid = 1, size = 1,
+    put_wait = PUT_WAIT,
     queue = fifo(), redo = fifo(), fids = setmetatable(
       {}, { __mode = "k" }), nextfid = 1, active = 0, next_check = 0, nmsg = 0,
     idle_deaths = 0, nretiring = 0,
@@ -227,7 +233,7 @@ function M.new(processes, opts)
   -- limit is raised for them, as mprun does
   core._nofile_at_least(processes * FDS_PER_WORKER + 256)
   self.results = mp.Queue(0, { capacity = RESULTS_CAP })
-  self.tasks = mp.Queue(0, { capacity = RESULTS_CAP })
+  self.tasks = mp.Queue(0, { capacity = TASKS_CAP })
   self.tasks:_functions()
   self.cur = core._board(processes)
   self.applies = { kind = "apply", mode = 2, list = {}, n = 0, next = 1,
@@ -310,6 +316,22 @@ local function next_run(self, job)
   return first, n
 end
 
+-- A message the task queue had no room for (put timed out): its run goes
+-- back in line, and the pool's loop reads results meanwhile.  The loop
+-- never waits on the task queue for long: a worker that cannot post its
+-- results (the results queue full) reads no task, and a parent that
+-- waited for one to read would wait for ever.  A message bigger than the
+-- queue goes in pieces while a worker reads it, and is given up only when
+-- no piece is taken for that long (Queue:_put_patient).  The next try
+-- waits twice as long: a loaded machine may need it.
+local function give_back(self, job, first, n)
+  self.put_wait = min(self.put_wait * 2, PUT_WAIT_MAX)
+  if job.next == first + n then job.next = first
+  else
+    for pos = first, first + n - 1 do push(self.redo, { job = job, pos = pos }) end
+  end
+end
+
 local function send(self, job, first, n)
   local mid = self.nextmid
   self.nextmid = mid + 1
@@ -328,11 +350,13 @@ local function send(self, job, first, n)
     msg.fns = { [job.fid] = job.fn }
     msg = chunk(msg, job.list, first, n, job.mode == 1)  -- 1: star
   end
-  local ok, sent, why = pcall(self.tasks.put, self.tasks, msg)
+  local ok, sent, why = pcall(self.tasks._put_patient, self.tasks, msg, self.put_wait)
   if not (ok and sent) then
-    self:_unsent(job, first, n, ok and why or sent)
+    if ok and why == "timeout" then give_back(self, job, first, n)
+    else self:_unsent(job, first, n, ok and why or sent) end
     return false
   end
+  self.put_wait = PUT_WAIT
   self.msgs[mid] = { job = job, first = first, n = n, upto = 0,
                      deaths = self.idle_deaths }
   self.nmsg = self.nmsg + 1
