@@ -722,12 +722,14 @@ typedef struct Chunk {
 ** which is what a starmap's 100,000 small tables cost.  Returns 0, having
 ** written nothing, when item.n is neither nil nor a count: the item then
 ** crosses as it is, and the worker's unpack says what is wrong. */
-static int encode_args (Enc *e, int t, lua_Unsigned i, const Step *at) {
+static int encode_args (Enc *e, int t, int nkey, lua_Unsigned i,
+                        const Step *at) {
   lua_State *L = e->L;
   Step s = {at, STEP_INDEX, NULL, 0, (lua_Integer)i};
   lua_Integer n, k;
   int isnum = 1;
-  if (lua_getfield(L, t, "n") == LUA_TNIL) n = luaL_len(L, t);  /* nil */
+  lua_pushvalue(L, nkey);   /* "n", interned once: not looked up per item */
+  if (lua_gettable(L, t) == LUA_TNIL) n = luaL_len(L, t);     /* nil */
   else n = lua_tointegerx(L, -1, &isnum);                     /* n */
   lua_pop(L, 1);                                              /* */
   if (!isnum || n > INT_MAX) return 0;
@@ -748,33 +750,35 @@ static void encode_chunk (Enc *e, int u, const Step *at) {
   const Chunk *c = (const Chunk *)lua_touserdata(L, u);
   lua_Unsigned nh, i, nhash = 0;
   size_t counter;
-  int head;
+  int head, nkey;
   if (put_ref(e, u)) return;
   enter(e, at);
   lua_getiuservalue(L, u, 1);                         /* head */
   lua_getiuservalue(L, u, 2);                         /* head list */
-  head = lua_gettop(L) - 1;
+  lua_pushliteral(L, "n");                            /* head list "n" */
+  head = lua_gettop(L) - 2;
+  nkey = head + 2;
   nh = lua_rawlen(L, head);
   put_byte(e, T_TABLE);
   put_varint(e, nh + (lua_Unsigned)c->n);
   counter = reserve_u32(e);
   for (i = 1; i <= nh; i++) {
-    lua_rawgeti(L, head, (lua_Integer)i);             /* head list item */
+    lua_rawgeti(L, head, (lua_Integer)i);             /* head list "n" item */
     encode_item(e, i, at);
-    lua_pop(L, 1);                                    /* head list */
+    lua_pop(L, 1);                                    /* head list "n" */
   }
   for (i = 0; i < (lua_Unsigned)c->n; i++) {  /* as table.move reads */
-    lua_geti(L, head + 1, c->first + (lua_Integer)i); /* head list item */
+    lua_geti(L, head + 1, c->first + (lua_Integer)i); /* head list "n" item */
     if (!(c->args && lua_istable(L, -1) &&
-          encode_args(e, lua_gettop(L), nh + 1 + i, at)))
+          encode_args(e, lua_gettop(L), nkey, nh + 1 + i, at)))
       encode_item(e, nh + 1 + i, at);
-    lua_pop(L, 1);                                    /* head list */
+    lua_pop(L, 1);                                    /* head list "n" */
   }
-  lua_pushnil(L);                                     /* head list nil */
-  if (lua_next(L, head))                              /* head list k v */
-    nhash = encode_pairs(e, head, nh, at);            /* head list */
+  lua_pushnil(L);                                     /* head list "n" nil */
+  if (lua_next(L, head))                              /* head list "n" k v */
+    nhash = encode_pairs(e, head, nh, at);            /* head list "n" */
   patch_u32(e, counter, nhash, "a table");
-  lua_pop(L, 2);                                      /* */
+  lua_pop(L, 3);                                      /* */
   e->depth--;
 }
 
