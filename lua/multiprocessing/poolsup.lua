@@ -32,7 +32,6 @@ local LOST = 0.5           -- a message out of the queue that no worker shows
                            -- this long after one died while taking: lost
 local STALL = 1.0          -- the task queue moves on no worker's board this
                            -- long (without a pool timeout): see unblock
-local GC_BEFORE_FORK_KB = 4096  -- a bigger heap is collected before a fork
 
 -- Is 'err' a Ctrl-C?  Our waits raise mp.Interrupted; a SIGINT that comes
 -- while Lua code runs between them (the pool's loop, a poll() of the
@@ -60,16 +59,6 @@ function M.start(pool)
   local mp = require "multiprocessing"
   local n = pool.processes
   for slot = 1, n do pool.cur:set(slot, 0) end
-  -- Forked workers share the parent's heap as it is.  A big one is
-  -- collected first: it holds no garbage for them to copy when they
-  -- collect it, and the parent's next collection, which copies every page
-  -- it marks while they share it (20-60 us a page on a VM: 100 ms for
-  -- 10 MB), comes as late as it can.  A small heap is not worth the
-  -- finalizers a collection runs now.
-  if (pool.start_method or mp.get_start_method()) == "fork"
-     and collectgarbage("count") > GC_BEFORE_FORK_KB then
-    collectgarbage()
-  end
   pool.ctx = mp.start_processes(W.worker, { {
       tasks = pool.tasks, results = pool.results, board = pool.cur,
       title = { "pool worker ", (" (%s)"):format(pool.script) },
