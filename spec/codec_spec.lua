@@ -362,6 +362,8 @@ describe("codec", function()
       assert.are.equal("not a table", b[9])
       -- an n that is no count: the item crosses as it is, for unpack to refuse
       assert.are.same({ n = "x" }, rt(chunk({}, { { n = "x" } }, 1, 1, true))[1])
+      -- nor one that no unpack could give (Lua's stack limit): as it is
+      assert.are.same({ n = 1 << 40 }, rt(chunk({}, { { n = 1 << 40 } }, 1, 1, true))[1])
       -- an argument list has no number: the same table twice is two lists
       local twice = rt(chunk({}, { shared, shared }, 1, 2, true))
       assert.are_not.equal(twice[1], twice[2])

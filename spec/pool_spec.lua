@@ -201,6 +201,8 @@ for _, method in ipairs(H.methods) do
       assert.is_true(same[1])
       assert.matches("bad argument #3 to 'unpack'",
                      tostring(select(2, pcall(pool.starmap, pool, show, { { n = "x" } }))))
+      assert.matches("too many results to unpack",
+                     tostring(select(2, pcall(pool.starmap, pool, show, { { n = 1 << 40 } }))))
     end)
 
     it("imap yields in order as results come; imap_unordered gives positions", function()

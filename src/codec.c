@@ -72,6 +72,11 @@
 ** recursion of both encoder and decoder (and the Lua stack they use). */
 #define MAXDEPTH 1000
 
+/* An argument list longer than this crosses as the table it is (T_ARGS
+** is for the lists table.unpack can give: Lua's own stack limit,
+** LUAI_MAXSTACK, refuses more with "too many results to unpack"). */
+#define MAXARGS 1000000
+
 /* The decoder's budget (bytes).  What an honest message costs per byte of
 ** its encoding peaks at about 17: an empty table (6 bytes) in an array
 ** costs a slot, the table and its object number (charge()). */
@@ -720,8 +725,9 @@ typedef struct Chunk {
 ** values table.unpack(item, 1, item.n or #item) gives, read as it reads
 ** them, as T_ARGS: no object number, no metatable, no walk of the table,
 ** which is what a starmap's 100,000 small tables cost.  Returns 0, having
-** written nothing, when item.n is neither nil nor a count: the item then
-** crosses as it is, and the worker's unpack says what is wrong. */
+** written nothing, when item.n is neither nil nor a count, or a count over
+** MAXARGS: the item then crosses as it is, and the worker's unpack says
+** what is wrong. */
 static int encode_args (Enc *e, int t, int nkey, lua_Unsigned i,
                         const Step *at) {
   lua_State *L = e->L;
@@ -732,7 +738,7 @@ static int encode_args (Enc *e, int t, int nkey, lua_Unsigned i,
   if (lua_gettable(L, t) == LUA_TNIL) n = luaL_len(L, t);     /* nil */
   else n = lua_tointegerx(L, -1, &isnum);                     /* n */
   lua_pop(L, 1);                                              /* */
-  if (!isnum || n > INT_MAX) return 0;
+  if (!isnum || n > MAXARGS) return 0;
   if (n < 0) n = 0;
   enter(e, at);
   put_tag_varint(e, T_ARGS, (lua_Unsigned)n);

@@ -137,6 +137,7 @@ static int plain_args(lua_State *L) {
     n = (lua_Integer)lua_rawlen(L, t);
   else if (lua_isinteger(L, -1)) n = lua_tointeger(L, -1);
   else return 0;
+  if (n > (lua_Integer)lua_rawlen(L, t) + 1) return 0;  /* n past its items */
   for (k = 1; plain && k <= n; k++) {
     plain = is_plain(lua_rawgeti(L, t, k));       /* ... t n v */
     lua_pop(L, 1);                                /* ... t n */
