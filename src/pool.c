@@ -128,16 +128,17 @@ static int is_plain(int type) {
 
 /* Whether the table on top, a starmap's argument list, has no metatable
 ** and plain values where table.unpack(t, 1, t.n or #t) reads: what
-** crosses of it is those values (codec.c's T_ARGS). */
-static int plain_args(lua_State *L) {
+** crosses of it is those values (codec.c's T_ARGS).  'nkey': where the
+** string "n" is on the stack. */
+static int plain_args(lua_State *L, int nkey) {
   int t = lua_gettop(L), plain = 1;
-  lua_Integer n, k;
+  lua_Integer len = (lua_Integer)lua_rawlen(L, t), n, k;
   if (lua_getmetatable(L, t)) return 0;           /* ... t mt */
-  if (lua_getfield(L, t, "n") == LUA_TNIL)        /* ... t n */
-    n = (lua_Integer)lua_rawlen(L, t);
+  lua_pushvalue(L, nkey);   /* "n", interned once: not looked up per item */
+  if (lua_rawget(L, t) == LUA_TNIL) n = len;      /* ... t n */
   else if (lua_isinteger(L, -1)) n = lua_tointeger(L, -1);
   else return 0;
-  if (n > (lua_Integer)lua_rawlen(L, t) + 1) return 0;  /* n past its items */
+  if (n > len + 1) return 0;                      /* n past its items */
   for (k = 1; plain && k <= n; k++) {
     plain = is_plain(lua_rawgeti(L, t, k));       /* ... t n v */
     lua_pop(L, 1);                                /* ... t n */
@@ -153,10 +154,11 @@ static int l_plain(lua_State *L) {
   int args = lua_toboolean(L, 3), plain = 1;
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_settop(L, 3);
+  lua_pushliteral(L, "n");                        /* t n args "n" */
   for (i = 1; plain && i <= n; i++) {
-    int type = lua_rawgeti(L, 1, i);              /* t n args v */
-    plain = args ? type == LUA_TTABLE && plain_args(L) : is_plain(type);
-    lua_settop(L, 3);                             /* t n args */
+    int type = lua_rawgeti(L, 1, i);              /* t n args "n" v */
+    plain = args ? type == LUA_TTABLE && plain_args(L, 4) : is_plain(type);
+    lua_settop(L, 4);                             /* t n args "n" */
   }
   lua_pushboolean(L, plain);
   return 1;
