@@ -611,6 +611,32 @@ for _, method in ipairs(H.methods) do
       assert.is_false(H.alive(pids[3]))
     end)
 
+    it("lua.c's 'interrupted!' between two waits, a traceback below it, terminates the pool", function()
+      -- the REPL's message handler adds the traceback before the pool's
+      -- guard sees the error; the hook fires where CI once saw it land, on
+      -- the call of the engine's poll()
+      local pool = mp.Pool(2, { start_method = method })
+      local pids = { pool.workers[1].pid, pool.workers[2].pid }
+      debug.sethook(function()
+        if debug.getinfo(2, "n").name == "poll" then
+          debug.sethook()
+          error("interrupted!")
+        end
+      end, "c")
+      local ok, e = xpcall(pool.apply, debug.traceback, pool, function()
+        local t = os.time() + 30
+        while os.time() < t do end
+      end)
+      debug.sethook()
+      assert.is_false(ok)
+      assert.is_true(mp.isinstance(e, mp.Interrupted), tostring(e))
+      assert.are.equal("Pool.apply", e.call)
+      assert.are.equal("terminate", pool.state)
+      assert.is_false(H.alive(pids[1]))
+      assert.is_false(H.alive(pids[2]))
+      pool:close()
+    end)
+
     it("a parent SIGKILLed leaves no worker behind", function()
       local pidfile = os.tmpname()
       local script = pool_script("pool:map(function() os.execute('sleep 30') end, {1, 2})\n", method)

@@ -35,11 +35,14 @@ local STALL = 1.0          -- the task queue moves on no worker's board this
 
 -- Is 'err' a Ctrl-C?  Our waits raise mp.Interrupted; a SIGINT that comes
 -- while Lua code runs between them (the pool's loop, a poll() of the
--- engine) is raised by lua.c's hook as "<where>: interrupted!".  Either
--- way the pool is terminated and mp.Interrupted is raised (_interrupted).
+-- engine) is raised by lua.c's hook as "<where>: interrupted!", and a
+-- message handler may have added a traceback below that line by the time a
+-- to-be-closed guard sees it (lua.c's REPL does).  Either way the pool is
+-- terminated and mp.Interrupted is raised (_interrupted).
 function M.interrupt(err)
   return core.isinstance(err, core.Interrupted)
-         or type(err) == "string" and err:sub(-12) == "interrupted!"
+         or type(err) == "string"
+            and err:match("^[^\n]*"):sub(-12) == "interrupted!"
 end
 local interrupt = M.interrupt
 
