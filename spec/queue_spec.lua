@@ -87,6 +87,25 @@ describe("Queue in one process", function()
     assert.is_truthy(t0)
   end)
 
+  it("reuses one encoding buffer a handle: every message still arrives whole", function()
+    local q <close> = mp.Queue(3)
+    local big = {}
+    for i = 1, 50000 do big[i] = i * 3 end
+    assert.is_true(q:put(big))
+    assert.is_true(q:put({ 1, 2, 3 }))                     -- in big's buffer
+    assert.has_error(function() q:put({ 1, coroutine.create(print) }) end)
+    assert.is_true(q:put({ "after", "a failed put" }))
+    assert.are.same({ nil, "full" }, { q:put_nowait({ "not sent" }) })
+    local got = q:get()
+    assert.are.equal(50000, #got)
+    assert.are.equal(150000, got[50000])
+    assert.are.same({ 1, 2, 3 }, q:get())
+    assert.are.same({ "after", "a failed put" }, q:get())
+    assert.is_true(q:put({ x = "after a full queue" }))
+    assert.are.same({ x = "after a full queue" }, q:get())
+    assert.are.same({ nil, "empty" }, { q:get_nowait() })
+  end)
+
   it("bounds with maxsize: full, put timeout, put_nowait", function()
     local q <close> = mp.Queue(2)
     assert.is_true(q:put(1))

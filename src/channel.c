@@ -143,6 +143,7 @@ typedef struct Chan {
   pid_t slotpid;          /* ... in this process */
   char *rbuf;             /* reused for received messages: fresh memory */
   size_t rbufcap;         /* for every big message means page faults */
+  mp_Spare wbuf;          /* ... and for the encodings of sent ones */
   int codec;              /* MP_CODEC_DATA; a pool's own task queue sets
                              MP_CODEC_FUNCTIONS on its two handles */
   int hook;               /* a test hook (LUA_MP_TEST_HOOK) */
@@ -242,6 +243,9 @@ static void chan_release(lua_State *L, Chan *c) {
   free(c->rbuf);
   c->rbuf = NULL;
   c->rbufcap = 0;
+  free(c->wbuf.data);
+  c->wbuf.data = NULL;
+  c->wbuf.cap = 0;
 }
 
 static Chan *testchan(lua_State *L, int idx) {
@@ -1087,16 +1091,19 @@ static int put_impl(lua_State *L, Chan *c, int vidx, double timeout,
     enc.fds = NULL;
     enc.nfds = 0;
   } else {
-    mp_encode(L, vidx, 1, c->codec, names, c->kind == K_QUEUE ? QUEUE_WHY
-                                                             : PIPE_WHY, &enc);
+    mp_encode_spare(L, vidx, 1, c->codec, names,
+                    c->kind == K_QUEUE ? QUEUE_WHY : PIPE_WHY, &c->wbuf,
+                    &enc);                            /* ... box */
   }
   mp_wait_init(&w, L, timeout);
   if (patient && timeout > 0) w.patience = timeout;
   st = chan_write(c, enc.data, enc.size, enc.fds, enc.nfds, flags, &w);
-  if (st != MP_OK) {
-    if (flags == 0) unsend(L, c, &enc);
-    return push_outcome(L, c, st, op, timeout == 0 ? "full" : "timeout");
+  if (flags == 0) {   /* the encoding is copied (or given up): reused */
+    if (st != MP_OK) unsend(L, c, &enc);
+    mp_encoded_spare(L, -1, &c->wbuf, RBUF_KEEP);
   }
+  if (st != MP_OK)
+    return push_outcome(L, c, st, op, timeout == 0 ? "full" : "timeout");
   lua_pushboolean(L, 1);
   return 1;
 }

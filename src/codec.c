@@ -937,14 +937,21 @@ static void encode_value (Enc *e, int idx, const Step *at) {
   }
 }
 
-void mp_encode (lua_State *L, int first, int n, int flags,
-                const char *const names[], const char *to, mp_Encoded *out) {
+void mp_encode_spare (lua_State *L, int first, int n, int flags,
+                      const char *const names[], const char *to,
+                      mp_Spare *spare, mp_Encoded *out) {
   Enc e;
   int i;
   first = lua_absindex(L, first);
   luaL_checkstack(L, S_NSLOTS + 8, "cannot send: too many values");
   e.L = L;
   e.box = push_box(L);
+  if (spare != NULL) {   /* the box owns it now: freed with it on errors */
+    e.box->data = spare->data;
+    e.box->cap = spare->cap;
+    spare->data = NULL;
+    spare->cap = 0;
+  }
   e.box_idx = lua_gettop(L);
   e.flags = flags;
   e.depth = 0;
@@ -966,6 +973,20 @@ void mp_encode (lua_State *L, int first, int n, int flags,
   out->size = e.box->size;
   out->fds = e.box->fds;
   out->nfds = e.box->nfds;
+}
+
+void mp_encode (lua_State *L, int first, int n, int flags,
+                const char *const names[], const char *to, mp_Encoded *out) {
+  mp_encode_spare(L, first, n, flags, names, to, NULL, out);
+}
+
+void mp_encoded_spare (lua_State *L, int box, mp_Spare *spare, size_t keep) {
+  Box *b = (Box *)luaL_checkudata(L, box, BOX_T);
+  if (spare->data != NULL || b->data == NULL || b->cap > keep) return;
+  spare->data = b->data;
+  spare->cap = b->cap;
+  b->data = NULL;
+  b->size = b->cap = 0;
 }
 
 void mp_write_bytes (lua_State *L, mp_Writer *w, const void *p, size_t n) {

@@ -58,6 +58,25 @@ typedef struct mp_Encoded {
 void mp_encode(lua_State *L, int first, int n, int flags,
                const char *const names[], const char *to, mp_Encoded *out);
 
+/* A buffer an encoding starts in, so that a sender of many messages grows
+** no buffer and touches no fresh page a message (a channel keeps one for
+** its puts, as it keeps one for what it reads). */
+typedef struct mp_Spare {
+  char *data;
+  size_t cap;
+} mp_Spare;
+
+/* mp_encode, starting in 'spare''s buffer, which the box owns from then on
+** ('spare' is left empty; NULL: a fresh buffer). */
+void mp_encode_spare(lua_State *L, int first, int n, int flags,
+                     const char *const names[], const char *to,
+                     mp_Spare *spare, mp_Encoded *out);
+
+/* Gives the buffer of the box at stack index 'box' to an empty 'spare'
+** when it is at most 'keep' bytes; the box's encoding is gone then (its
+** 'data' may be reused), what else it holds stays. */
+void mp_encoded_spare(lua_State *L, int box, mp_Spare *spare, size_t keep);
+
 /* Decodes 'size' bytes, pushes the values and returns how many, or raises a
 ** Lua error that says what is wrong with the input.  'fds' are the
 ** descriptors that came with the bytes: a decoded object that keeps one sets
