@@ -9,7 +9,8 @@ JSON lines, one sample per repetition:
     map's default chunking takes (MAPN / 16, rounded up)
   py_pool_starmap: tasks/s of pool.starmap(f, [(0,), ...]) (default chunking)
   py_pool_apply: tasks/s of APPLYN apply_async(f, (i,)), then get() each
-  py_pool_start: ms of Pool(4) + close + join
+  py_pool_start: ms of Pool(4) + close + join, in a fresh process (MAPN =
+    APPLYN = 0); after the rows above it is py_pool_start_heap
 f returns its argument.  The pool is warmed up (one small map) first.
 MAPN = APPLYN = 0: only py_pool_start.  MAXN > 0: only
   py_pool_maxtasks: tasks/s of pool.map(f, range(MAXN), chunksize=1) on a
@@ -92,7 +93,8 @@ def main():
         pool.close()
         pool.join()
         samples.append((time.perf_counter() - t0) * 1e3)
-    emit("py_pool_start", method, samples)
+    emit("py_pool_start_heap" if mapn > 0 or applyn > 0 else "py_pool_start",
+         method, samples)
 
 
 if __name__ == "__main__":

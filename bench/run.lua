@@ -398,10 +398,10 @@ end
 local PMAP, PAPPLY = QUICK and 20000 or 100000, QUICK and 5000 or 20000
 for _ = 1, QUICK and 1 or 2 do
   lua({ "lua_pool_map1/fork", "lua_pool_mapdef/fork", "lua_pool_unord/fork", "lua_pool_starmap/fork",
-        "lua_pool_apply/fork", "lua_pool_start/fork" }, "lua_pool.lua",
+        "lua_pool_apply/fork", "lua_pool_start_heap/fork" }, "lua_pool.lua",
       string.format("fork %d %d %d", reps(5), PMAP, PAPPLY), 240)
   py({ "py_pool_map1/fork", "py_pool_mapdef/fork", "py_pool_unord/fork", "py_pool_starmap/fork",
-       "py_pool_apply/fork", "py_pool_start/fork" },
+       "py_pool_apply/fork", "py_pool_start_heap/fork" },
      "py_pool.py", string.format("fork %d %d %d", reps(3), PMAP, PAPPLY), 300)
 end
 -- issue 20 item 8: a worker replaced after every task; tasks per second,
@@ -418,7 +418,8 @@ for _ = 1, QUICK and 1 or 2 do
   py({ "py_codec/ints", "py_codec/floats", "py_codec/strings", "py_codec/nested" },
      "py_codec.py", tostring(reps(5)), 240)
 end
-for _, m in ipairs { "spawn", "forkserver" } do
+-- Pool start in a fresh process, as start_processes of 4 below is
+for _, m in ipairs { "fork", "spawn", "forkserver" } do
   lua({ "lua_pool_start/" .. m }, "lua_pool.lua", string.format("%s %d 0 0", m, reps(5)), 120)
   py({ "py_pool_start/" .. m }, "py_pool.py", string.format("%s %d 0 0", m, reps(3)), 240)
 end
@@ -708,6 +709,12 @@ do
     row(rows, { name = "python Pool(4), " .. m, key = "py_pool_start/" .. m, unit = "ms",
                 floor = "lua_start/" .. m .. "/4" })
   end
+  -- the same after the throughput rows, in their process: each fork copies
+  -- its 12 MB heap (Python's, its lists)
+  row(rows, { name = "lua mp.Pool(4), fork, 12 MB heap", key = "lua_pool_start_heap/fork", unit = "ms",
+              floor = "lua_start/fork/4", py = "py_pool_start_heap/fork" })
+  row(rows, { name = "python Pool(4), fork, after its maps", key = "py_pool_start_heap/fork", unit = "ms",
+              floor = "lua_start/fork/4" })
   tabulate(HEAD, rows)
 end
 
