@@ -604,6 +604,29 @@ for _, method in ipairs(H.methods) do
       assert.is_true(ctx:join(10))
     end)
 
+    it("JoinableQueue: a writer killed in the middle of a message leaves nothing unfinished", function()
+      local q <close> = mp.JoinableQueue(0, { capacity = 4096 })
+      local back <close> = mp.Queue()
+      local ctx = start(function(_, qq, bq)
+        bq:put(io.open("/proc/self/stat"):read("a"):match("^%d+"))
+        qq:put(("z"):rep(50000))            -- blocks after its first piece
+      end, { q, back })
+      local pid = back:get(30)
+      assert.is_true(H.eventually(function() return q:qsize() == 1 end, 30))
+      os.execute("sleep 0.3; kill -9 " .. pid)   -- the header is out by now
+      local ok, e = pcall(ctx.join, ctx, 60)
+      assert.is_false(ok)
+      assert.are.equal("SIGKILL", e.signal_name, tostring(e))
+      -- the reader skips what was written of it: nothing to get, nothing
+      -- left for task_done
+      assert.are.same({ nil, "closed" }, { q:get(5) })
+      assert.is_true(q:join(0))
+      assert.is_true(q:put("next"))
+      assert.are.equal("next", q:get(0))
+      q:task_done()
+      assert.is_true(q:join(0))
+    end)
+
     it("_put_patient (the Pool's): a big item streams to a reader; with none it is given up", function()
       local q <close> = mp.Queue(0, { capacity = 4096 })
       local big = ("abcdefgh"):rep(50000)

@@ -706,8 +706,9 @@ static void settle_count(Chan *c, int r) {
 
 /* Writes one message.  Returns MP_OK, MP_TIMEOUT, MP_INTERRUPT,
 ** MP_PEERGONE or an errno.  A JoinableQueue's message is unfinished from
-** its count on, and no longer once it failed (taken back, or skipped by
-** its reader). */
+** its count on, and no longer once it failed: taken back whole by its
+** writer (uncount, retract), else skipped by its reader (read_locked),
+** each of which finishes it once. */
 static int chan_write(Chan *c, const void *data, size_t n, const int *fds,
                       size_t nfds, uint32_t flags, mp_Wait *w) {
   int r = c->wring, st;
@@ -715,7 +716,6 @@ static int chan_write(Chan *c, const void *data, size_t n, const int *fds,
   uint64_t cap = chan_hdr(c)->cap, total = MSG_HDR + n + MSG_END, end;
   MsgHdr mh;
   Waiter x;
-  int counted = 0;
   st = mp_mutex_lock(&g->wlock, w);
   if (st == MP_OWNERDEAD) st = MP_OK;
   if (st != MP_OK) return st;
@@ -739,7 +739,6 @@ static int chan_write(Chan *c, const void *data, size_t n, const int *fds,
   end = TRAILER_MAGIC | mh.seq;
   if (nfds && (st = send_fds(c, mh.seq, fds, nfds, w)) != MP_OK) goto done;
   count_message(c, r);
-  counted = 1;
   if (total <= cap - avail(c, r)) {
     /* the common case: one copy, one publication */
     uint64_t t = g->tail;
@@ -754,11 +753,13 @@ static int chan_write(Chan *c, const void *data, size_t n, const int *fds,
     if ((st = write_chunks(c, r, &mh, MSG_HDR, w)) == MP_OK &&
         (st = write_chunks(c, r, data, n, w)) == MP_OK)
       st = write_chunks(c, r, &end, MSG_END, w);
-    if (st != MP_OK && !retract(c, r, start))
+    if (st != MP_OK && retract(c, r, start)) {
+      if (chan_hdr(c)->joinable) unfinished_add(c, -1);
+    } else if (st != MP_OK) {
       wake(&g->dataseq, &g->rwait);  /* the reader in it skips the rest */
+    }
   }
   if (st == MP_OK && ld32(&g->watched)) ev_signal(c->wevfd);
-  if (st != MP_OK && counted && chan_hdr(c)->joinable) unfinished_add(c, -1);
 done:
   g->counted_at = 0;
   pthread_mutex_unlock(&g->wlock);
@@ -853,6 +854,13 @@ static char *rbuf_for(Chan *c, Inbox *in, size_t len) {
   return c->rbuf;
 }
 
+/* A message dropped on its way (its writer gave up or died in it, or a
+** reader before us failed in it) is finished: nobody will take it, and a
+** JoinableQueue's join must not wait for its task_done. */
+static void finish_skipped(Chan *c) {
+  if (chan_hdr(c)->joinable) unfinished_add(c, -1);
+}
+
 /* Reads one message of ring r into 'in', with rlock held.  Its
 ** descriptors come from this end's socket; a ring this end does not read
 ** has none for it (chan_drain), and a message with descriptors is then
@@ -866,10 +874,11 @@ static int read_locked(Chan *c, int r, Inbox *in, mp_Wait *w) {
     Cursor k;
     uint64_t end = 0;
     int st;
-    if (g->rpending &&
-        (st = read_rest(c, r, (size_t)g->rpending, NULL, w)) != MP_OK &&
-        st != MP_SKIPPED)
-      return st;
+    if (g->rpending) {   /* what a reader before us left of its message */
+      st = read_rest(c, r, (size_t)g->rpending, NULL, w);
+      if (st != MP_OK && st != MP_SKIPPED) return st;
+      finish_skipped(c);
+    }
     waiter_init(&x, c, r, W_DATA, MSG_HDR);
     if ((st = wait_for(&x, w)) != MP_OK) return st;
     __atomic_sub_fetch(&g->count, 1, __ATOMIC_SEQ_CST);
@@ -904,6 +913,7 @@ static int read_locked(Chan *c, int r, Inbox *in, mp_Wait *w) {
       st = MP_SKIPPED;       /* padding of a message its writer gave up */
     }
     if (st != MP_SKIPPED) return st;
+    finish_skipped(c);
     inbox_clear(in);
   }
 }
