@@ -228,6 +228,17 @@ describe("Queue and Pipe in one process: contracts", function()
     assert.are.equal("after", q:get(1))
   end)
 
+  it("JoinableQueue: a put of an item bigger than the capacity that times out leaves nothing unfinished", function()
+    local q <close> = mp.JoinableQueue(0, { capacity = 4096 })
+    assert.are.same({ nil, "timeout" }, { q:put(("x"):rep(100000), 0.1) })  -- taken back whole
+    assert.is_true(q:join(0))
+    assert.is_true(q:put("after", 1))
+    assert.is_false(q:join(0))
+    assert.are.equal("after", q:get(1))
+    q:task_done()
+    assert.is_true(q:join(0))
+  end)
+
   it("put_nowait and put with a timeout of an item >= 4 MiB (the default capacity)", function()
     local q <close> = mp.Queue()
     local big = ("y"):rep(5 * 1024 * 1024)

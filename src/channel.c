@@ -572,8 +572,16 @@ static int writer_recover(Chan *c, int r, mp_Wait *w) {
   return write_chunks(c, r, NULL, (size_t)g->wpending, w);
 }
 
+/* A JoinableQueue's count of messages put and not yet task_done (or
+** dropped); join() wakes when it drops to 0. */
+static void unfinished_add(Chan *c, int64_t n) {
+  ChanHdr *h = chan_hdr(c);
+  if (__atomic_add_fetch(&h->unfinished, n, __ATOMIC_SEQ_CST) <= 0)
+    wake(&h->doneseq, &h->donewait);
+}
+
 /* With wlock held, giving up on the message begun at 'start': when no
-** reader has taken any of it, it is taken back whole (1). */
+** reader has taken any of it, it is taken back whole and uncounted (1). */
 static int retract(Chan *c, int r, uint64_t start) {
   Ring *g = chan_ring(c, r);
   int e = pthread_mutex_trylock(&g->rlock), done = 0;
@@ -582,6 +590,7 @@ static int retract(Chan *c, int r, uint64_t start) {
   if (ld64(&g->head) == start && g->rpending == 0) {
     __atomic_store_n(&g->tail, start, __ATOMIC_SEQ_CST);
     __atomic_sub_fetch(&g->count, 1, __ATOMIC_SEQ_CST);
+    if (chan_hdr(c)->joinable) unfinished_add(c, -1);
     g->counted_at = 0;
     g->wpending = 0;
     wake(&g->spaceseq, &g->wwait);
@@ -657,12 +666,6 @@ static int test_hook(void) {
   const char *v = getenv("LUA_MP_TEST_HOOK");
   return v != NULL && strcmp(v, "put_counted") == 0 ? HOOK_PUT_COUNTED
                                                     : HOOK_NONE;
-}
-
-static void unfinished_add(Chan *c, int64_t n) {
-  ChanHdr *h = chan_hdr(c);
-  if (__atomic_add_fetch(&h->unfinished, n, __ATOMIC_SEQ_CST) <= 0)
-    wake(&h->doneseq, &h->donewait);
 }
 
 /* With wlock held: the message about to start at the tail is counted (and,
@@ -753,11 +756,8 @@ static int chan_write(Chan *c, const void *data, size_t n, const int *fds,
     if ((st = write_chunks(c, r, &mh, MSG_HDR, w)) == MP_OK &&
         (st = write_chunks(c, r, data, n, w)) == MP_OK)
       st = write_chunks(c, r, &end, MSG_END, w);
-    if (st != MP_OK && retract(c, r, start)) {
-      if (chan_hdr(c)->joinable) unfinished_add(c, -1);
-    } else if (st != MP_OK) {
+    if (st != MP_OK && !retract(c, r, start))
       wake(&g->dataseq, &g->rwait);  /* the reader in it skips the rest */
-    }
   }
   if (st == MP_OK && ld32(&g->watched)) ev_signal(c->wevfd);
 done:
