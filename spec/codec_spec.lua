@@ -630,6 +630,30 @@ describe("codec", function()
       assert.are.equal(mod.work, mw)
     end)
 
+    -- the first few functions of a message are looked up by a walk of the
+    -- modules, the rest in an index of them: both must find the same
+    it("finds module functions alike in a message with few and with many", function()
+      local function own(x) return x + 1 end
+      local fields = { string.format, mod.work, table.concat, own, math.max,
+                       print, string.rep, os.time, mod.new, io.write, own }
+      for n = 1, #fields do
+        local some = table.move(fields, 1, n, 1, {})
+        local s = encode(true, some)
+        local got = decode(s, true)
+        for i = 1, n do
+          if fields[i] == own then
+            assert.are_not.equal(own, got[i])
+            assert.are.equal(8, got[i](7))
+          else
+            assert.are.equal(fields[i], got[i])
+          end
+        end
+        if n == #fields then assert.are.equal(got[4], got[11]) end
+        -- module functions cross as names, not bytecode
+        assert.are.equal(n >= 4, s:find("\27Lua", 1, true) ~= nil)
+      end
+    end)
+
     it("sends a Lua function that is a global as bytecode", function()
       local global = function() return "global" end
       rawset(_G, "codec_spec_global", global)

@@ -183,8 +183,9 @@ static void box_add_fd (lua_State *L, Box *b, int fd) {
 enum {
   S_SEEN = 1,   /* object -> its number */
   S_UPVALS,     /* lua_upvalueid -> number of its function * 256 + index */
-  S_MODULES,    /* module value or module field function -> module name */
-  S_FIELDS,     /* module field function -> field name */
+  S_MODULES,    /* module value -> its name */
+  S_FUNCS,      /* module field function -> its module's name */
+  S_FIELDS,     /* module field function -> its field's name */
   S_GLOBALS,    /* the globals table */
   S_NSLOTS
 };
@@ -195,6 +196,7 @@ struct mp_Writer {
   int box_idx;
   int flags;
   int depth;
+  int searches;        /* functions looked up in the modules by a walk */
   lua_Integer nobjs;   /* objects numbered so far */
   const char *to;      /* ends the "cannot send" messages */
 };
@@ -484,57 +486,71 @@ static void enter (Enc *e, const Step *at) {
 
 /* --- the encoder: module references -------------------------------------- */
 
-static void index_entry (Enc *e, int v, int name, int field) {
-  lua_State *L = e->L;
-  int mods = e->box_idx + S_MODULES;
+/* Module references are looked up in package.loaded, per message and
+** only as far as needed.  The modules themselves (any table or function
+** met looks there) are indexed once: value -> name.  Their function fields
+** (only a function looks there) are many more -- every field of every
+** module, _G's included, ~30 times the modules --: the first few functions
+** of a message are looked for by a walk that stops where it finds them,
+** and only a message with more builds their index.  Both ways find the
+** same name: the first in the order of one walk. */
+#define SEARCHES 4
+
+/* Enters v -> name (and, when 'field', v -> field in the slot after 'idx')
+** into the index at 'idx', unless v is there: the first name found stays. */
+static void index_entry (lua_State *L, int idx, int v, int name, int field) {
   lua_pushvalue(L, v);                            /* v */
-  if (lua_rawget(L, mods) == LUA_TNIL) {          /* known */
-    /* the first name found stays */
+  if (lua_rawget(L, idx) == LUA_TNIL) {           /* known */
     lua_pushvalue(L, v);                          /* nil v */
     lua_pushvalue(L, name);                       /* nil v name */
-    lua_rawset(L, mods);                          /* nil */
+    lua_rawset(L, idx);                           /* nil */
     if (field) {
       lua_pushvalue(L, v);                        /* nil v */
       lua_pushvalue(L, field);                    /* nil v field */
-      lua_rawset(L, mods + 1);  /* S_FIELDS */    /* nil */
+      lua_rawset(L, idx + 1);                     /* nil */
     }
   }
   lua_pop(L, 1);                                  /* */
 }
 
-/* Indexes the function fields of the module at 'mod'.  The Lua functions
-** of the globals table are the user's script, not a module the receiver
-** can require: they are left to be sent as bytecode. */
+/* Indexes the function fields of the module at 'mod' into S_FUNCS and
+** S_FIELDS.  The Lua functions of the globals table are the user's script,
+** not a module the receiver can require: they are left to be sent as
+** bytecode. */
 static void index_fields (Enc *e, int name, int mod, int globals) {
   lua_State *L = e->L;
   lua_pushnil(L);                                 /* nil */
   while (lua_next(L, mod)) {                      /* key value */
     if (lua_type(L, -2) == LUA_TSTRING && lua_isfunction(L, -1) &&
         !(globals && !lua_iscfunction(L, -1)))
-      index_entry(e, lua_gettop(L), name, lua_gettop(L) - 1);
+      index_entry(L, e->box_idx + S_FUNCS, lua_gettop(L), name,
+                  lua_gettop(L) - 1);
     lua_pop(L, 1);                                /* key */
   }                                               /* */
 }
 
-/* Builds the reverse index of package.loaded, once per message that needs
-** it: a message without functions (or, in DATA mode, metatables) never
-** pays for it. */
-static void index_modules (Enc *e) {
+/* Builds S_MODULES (fields == 0) or S_FUNCS and S_FIELDS (fields == 1)
+** from package.loaded. */
+static void index_modules (Enc *e, int fields) {
   lua_State *L = e->L;
-  lua_newtable(L);
-  lua_replace(L, e->box_idx + S_MODULES);
-  lua_newtable(L);
-  lua_replace(L, e->box_idx + S_FIELDS);
+  int slot = e->box_idx + (fields ? S_FUNCS : S_MODULES);
+  lua_createtable(L, 0, fields ? 256 : 32);
+  lua_replace(L, slot);
+  if (fields) {
+    lua_createtable(L, 0, 256);
+    lua_replace(L, slot + 1);
+  }
   if (lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE) == LUA_TTABLE) {
     lua_pushnil(L);                               /* loaded nil */
     while (lua_next(L, -2)) {                     /* loaded name mod */
       int mod = lua_gettop(L);
       if (lua_type(L, mod - 1) == LUA_TSTRING) {
         int globals = lua_rawequal(L, mod, e->box_idx + S_GLOBALS);
-        if (lua_isfunction(L, mod) || (lua_istable(L, mod) && !globals))
-          index_entry(e, mod, mod - 1, 0);
-        if (lua_istable(L, mod))
-          index_fields(e, mod - 1, mod, globals);
+        if (fields) {
+          if (lua_istable(L, mod)) index_fields(e, mod - 1, mod, globals);
+        }
+        else if (lua_isfunction(L, mod) || (lua_istable(L, mod) && !globals))
+          index_entry(L, slot, mod, mod - 1, 0);
       }
       lua_pop(L, 1);                              /* loaded name */
     }
@@ -542,41 +558,104 @@ static void index_modules (Enc *e) {
   lua_pop(L, 1);                                  /* */
 }
 
-/* Writes a module reference for the value at 'v' when it is a module or a
-** module's function field; returns whether it did. */
-static int put_module (Enc *e, int v) {
+/* Pushes the name of the module the value at 'v' is (and returns 1), or
+** pushes nothing (and returns 0). */
+static int module_name (Enc *e, int v) {
   lua_State *L = e->L;
   int mods = e->box_idx + S_MODULES;
-  size_t len;
-  const char *s;
-  if (lua_isnil(L, mods)) index_modules(e);
+  if (lua_isnil(L, mods)) index_modules(e, 0);
   lua_pushvalue(L, v);                            /* v */
-  if (lua_rawget(L, mods) == LUA_TNIL) {          /* name */
+  if (lua_rawget(L, mods) != LUA_TNIL) return 1;  /* name */
+  lua_pop(L, 1);                                  /* */
+  return 0;
+}
+
+/* Is the value at 'v' a function field of the table at 'mod', under a
+** string key?  Then pushes that key and returns 1; else pushes nothing. */
+static int field_of (lua_State *L, int mod, int v, int globals) {
+  lua_pushnil(L);                                 /* nil */
+  while (lua_next(L, mod)) {                      /* key value */
+    if (lua_rawequal(L, -1, v) && lua_type(L, -2) == LUA_TSTRING &&
+        !(globals && !lua_iscfunction(L, -1))) {
+      lua_pop(L, 1);                              /* key */
+      return 1;
+    }
+    lua_pop(L, 1);                                /* key */
+  }                                               /* */
+  return 0;
+}
+
+/* The walk index_modules(e, 1) makes, stopped at the function at 'v':
+** pushes its module's name and its field's (and returns 1), or nothing. */
+static int search_field (Enc *e, int v) {
+  lua_State *L = e->L;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, LUA_LOADED_TABLE) == LUA_TTABLE) {
+    lua_pushnil(L);                               /* loaded nil */
+    while (lua_next(L, -2)) {                     /* loaded name mod */
+      int mod = lua_gettop(L);
+      if (lua_type(L, mod - 1) == LUA_TSTRING && lua_istable(L, mod) &&
+          field_of(L, mod, v, lua_rawequal(L, mod, e->box_idx + S_GLOBALS))) {
+        lua_replace(L, mod);                      /* loaded name field */
+        lua_remove(L, mod - 2);                   /* name field */
+        return 1;
+      }
+      lua_pop(L, 1);                              /* loaded name */
+    }
+  }
+  lua_pop(L, 1);                                  /* */
+  return 0;
+}
+
+/* Pushes the names of the module and the field the function at 'v' is
+** (and returns 1), or pushes nothing. */
+static int field_name (Enc *e, int v) {
+  lua_State *L = e->L;
+  int funcs = e->box_idx + S_FUNCS;
+  if (lua_isnil(L, funcs)) {
+    if (e->searches < SEARCHES) {
+      e->searches++;
+      return search_field(e, v);
+    }
+    index_modules(e, 1);
+  }
+  lua_pushvalue(L, v);                            /* v */
+  if (lua_rawget(L, funcs) == LUA_TNIL) {         /* name */
     lua_pop(L, 1);                                /* */
     return 0;
   }
   lua_pushvalue(L, v);                            /* name v */
-  lua_rawget(L, mods + 1);  /* S_FIELDS */        /* name field */
-  put_byte(e, lua_isnil(L, -1) ? T_MODULE : T_MODFIELD);
-  s = lua_tolstring(L, -2, &len);
-  put_lstring(e, s, len);
-  if (!lua_isnil(L, -1)) {
+  lua_rawget(L, funcs + 1);  /* S_FIELDS */       /* name field */
+  return 1;
+}
+
+/* Writes a module reference for the value at 'v' when it is a module or a
+** module's function field; returns whether it did. */
+static int put_module (Enc *e, int v) {
+  lua_State *L = e->L;
+  size_t len;
+  const char *s;
+  if (module_name(e, v)) {                        /* name */
+    put_byte(e, T_MODULE);
     s = lua_tolstring(L, -1, &len);
     put_lstring(e, s, len);
+    lua_pop(L, 1);                                /* */
+    return 1;
   }
+  if (!lua_isfunction(L, v) || !field_name(e, v)) return 0;
+  put_byte(e, T_MODFIELD);                        /* name field */
+  s = lua_tolstring(L, -2, &len);
+  put_lstring(e, s, len);
+  s = lua_tolstring(L, -1, &len);
+  put_lstring(e, s, len);
   lua_pop(L, 2);                                  /* */
   return 1;
 }
 
-/* Could the value at 'v' go as a module reference? */
+/* Could the table at 'v' go as a module reference? */
 static int is_module (Enc *e, int v) {
-  lua_State *L = e->L;
-  int mods = e->box_idx + S_MODULES;
-  if (lua_isnil(L, mods)) index_modules(e);
-  lua_pushvalue(L, v);
-  v = lua_rawget(L, mods) != LUA_TNIL;
-  lua_pop(L, 1);
-  return v;
+  if (!module_name(e, v)) return 0;
+  lua_pop(e->L, 1);
+  return 1;
 }
 
 
@@ -955,6 +1034,7 @@ void mp_encode_spare (lua_State *L, int first, int n, int flags,
   e.box_idx = lua_gettop(L);
   e.flags = flags;
   e.depth = 0;
+  e.searches = 0;
   e.nobjs = 0;
   e.to = to;
   for (i = S_SEEN; i < S_GLOBALS; i++) lua_pushnil(L);
