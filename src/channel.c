@@ -945,12 +945,56 @@ static int visit_close(lua_State *L, int idx, void *ud) {
   return 1;
 }
 
+/* The routes of q:_get_into(t, timeout, routes), which the Pool's parent
+** takes its results with: a message {m, k, ...} whose route routes[m] = r
+** is a table with r.dest and k == r.upto + 1 has its items from the 4th on
+** decoded straight into r.dest, from index r.first + r.upto on (what was
+** the Pool's table.move of them, and the emptying of t after it).  A
+** message that is no such continuation (k is not r.upto + 1: a worker gone
+** since, its items run again) keeps its items in t.  'ud' points to the
+** stack index of routes (mp_decode_spill's 'where'). */
+#define ROUTED_AFTER 3
+static int route(lua_State *L, int t, void *ud, lua_Integer *shift) {
+  int routes = *(const int *)ud, top = lua_gettop(L), isnum;
+  lua_Integer k, first, upto;
+  lua_rawgeti(L, t, 1);                               /* m */
+  if (lua_rawget(L, routes) != LUA_TTABLE ||          /* r */
+      lua_getfield(L, -1, "dest") != LUA_TTABLE) {    /* r dest */
+    lua_settop(L, top);
+    return 0;
+  }
+  lua_getfield(L, -2, "first");                       /* r dest first */
+  lua_getfield(L, -3, "upto");                        /* r dest first upto */
+  lua_rawgeti(L, t, 2);                               /* r dest first upto k */
+  first = lua_tointegerx(L, -3, &isnum);
+  upto = isnum ? lua_tointegerx(L, -2, &isnum) : 0;
+  k = isnum ? lua_tointegerx(L, -1, &isnum) : 0;
+  if (!isnum || k != upto + 1) {
+    lua_settop(L, top);
+    return 0;
+  }
+  lua_pop(L, 3);                                      /* r dest */
+  lua_remove(L, -2);                                  /* dest */
+  lua_pushliteral(L, "routed");                       /* dest "routed" */
+  lua_pushboolean(L, 1);                              /* dest "routed" true */
+  lua_rawset(L, t);                                   /* dest */
+  *shift = first + upto - (ROUTED_AFTER + 1);
+  return 1;
+}
+
 /* Protected: the Inbox at 1, the codec flags at 2, nil or the table to
-** decode into at 3 -> the values. */
+** decode into at 3, nil or its routes at 4 (route) -> the values. */
 static int decode_k(lua_State *L) {
   Inbox *in = (Inbox *)lua_touserdata(L, 1);
-  return mp_decode_into(L, lua_istable(L, 3) ? 3 : 0, in->buf, in->len,
-                        (int)lua_tointeger(L, 2), in->fds, in->nfds);
+  int routes = 4;
+  mp_Spill spill;
+  spill.after = ROUTED_AFTER;
+  spill.where = route;
+  spill.ud = &routes;
+  return mp_decode_spill(L, lua_istable(L, 3) ? 3 : 0,
+                         lua_istable(L, 4) ? &spill : NULL, in->buf,
+                         in->len, (int)lua_tointeger(L, 2), in->fds,
+                         in->nfds);
 }
 
 /* Protected: the Inbox at 1, the codec flags at 2 -> decodes it and closes
@@ -1119,9 +1163,10 @@ static int put_impl(lua_State *L, Chan *c, int vidx, double timeout,
 }
 
 /* 'into': 0, or the stack index of an empty table that a message's table
-** is decoded into (mp_decode_into). */
+** is decoded into (mp_decode_into); 'routes': 0, or the stack index of the
+** routes of its items (route). */
 static int get_impl(lua_State *L, Chan *c, double timeout, const char *op,
-                    int raw, int into) {
+                    int raw, int into, int routes) {
   Inbox *in;
   mp_Wait w;
   int st, base;
@@ -1156,7 +1201,9 @@ static int get_impl(lua_State *L, Chan *c, double timeout, const char *op,
     lua_pushinteger(L, c->codec);
     if (into) lua_pushvalue(L, into);
     else lua_pushnil(L);
-    st = lua_pcall(L, 3, LUA_MULTRET, 0);
+    if (routes) lua_pushvalue(L, routes);
+    else lua_pushnil(L);
+    st = lua_pcall(L, 4, LUA_MULTRET, 0);
     if (st != LUA_OK) {
       inbox_clear(in);
       return lua_error(L);
@@ -1185,7 +1232,7 @@ static int queue_put_nowait(lua_State *L) {
 /* q:get([timeout]) -> v | nil, "timeout" | "closed" */
 static int queue_get(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  return get_impl(L, c, mp_opttimeout(L, 2), "get", 0, 0);
+  return get_impl(L, c, mp_opttimeout(L, 2), "get", 0, 0, 0);
 }
 
 /* q:_put_patient(v, timeout) -> as q:put, but a message too big for the
@@ -1200,19 +1247,23 @@ static int queue_put_patient(lua_State *L) {
   return put_impl(L, c, 2, mp_opttimeout(L, 3), "put", 0, 1);
 }
 
-/* q:_get_into(t [, timeout]) -> as q:get, but a message that is a table
-** is decoded into t, which must be empty (mp_decode_into), and t is what
-** comes back.  Internal: the pool's loops take many big messages of one
-** shape, and one table reused spares a table made and collected each. */
+/* q:_get_into(t [, timeout [, routes]]) -> as q:get, but a message that
+** is a table is decoded into t, which must be empty (mp_decode_into), and
+** t is what comes back; with 'routes', its items may go elsewhere (route),
+** and then t.routed is true.  Internal: the pool's loops take many big
+** messages of one shape, and one table reused spares a table made and
+** collected each. */
 static int queue_get_into(lua_State *L) {
   Chan *c = checkchan(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
-  return get_impl(L, c, mp_opttimeout(L, 3), "get", 0, 2);
+  if (!lua_isnoneornil(L, 4)) luaL_checktype(L, 4, LUA_TTABLE);
+  return get_impl(L, c, mp_opttimeout(L, 3), "get", 0, 2,
+                  lua_istable(L, 4) ? 4 : 0);
 }
 
 static int queue_get_nowait(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  return get_impl(L, c, 0, "get_nowait", 0, 0);
+  return get_impl(L, c, 0, "get_nowait", 0, 0, 0);
 }
 
 static int queue_qsize(lua_State *L) {
@@ -1318,12 +1369,12 @@ static int conn_send_bytes(lua_State *L) {
 /* conn:recv([timeout]) -> v | nil, "timeout" | "closed" */
 static int conn_recv(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  return get_impl(L, c, mp_opttimeout(L, 2), "recv", 0, 0);
+  return get_impl(L, c, mp_opttimeout(L, 2), "recv", 0, 0, 0);
 }
 
 static int conn_recv_bytes(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  return get_impl(L, c, mp_opttimeout(L, 2), "recv_bytes", 1, 0);
+  return get_impl(L, c, mp_opttimeout(L, 2), "recv_bytes", 1, 0, 0);
 }
 
 /* conn:poll([timeout = 0]) -> true when recv would not block (a message, or

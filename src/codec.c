@@ -1125,6 +1125,8 @@ struct mp_Reader {
   size_t budget;                /* bytes the message may still cost */
   int into;                     /* stack slot of the table the message's
                                    first table fills (mp_decode_into), or 0 */
+  const mp_Spill *spill;        /* where that table's later items may go
+                                   (mp_decode_spill), or NULL */
 };
 
 typedef mp_Reader Dec;
@@ -1327,17 +1329,20 @@ static lua_Number load_float (const char *p) {
   return x;
 }
 
-/* The array items 1..narr of the table at 't'.  Integers, floats, strings
+/* The array items from..to, item i into index i + shift of the table at
+** 't'.  Integers, floats, strings
 ** and holes, the bulk of most messages, are read here, without
 ** decode_value's checks per byte, while a whole number surely fits in what
 ** is left (a tag and the longest varint or a float: 11 bytes); a string's
 ** length is checked and its bytes charged as push_lstring does.  Anything
 ** else or unusual goes decode_value's way, which checks and says what is
 ** wrong. */
-static void decode_items (Dec *d, int t, lua_Unsigned narr) {
+static void decode_items (Dec *d, int t, lua_Unsigned from, lua_Unsigned to,
+                          lua_Integer shift) {
   lua_State *L = d->L;
   lua_Unsigned i, u;
-  for (i = 1; i <= narr; i++) {
+  for (i = from; i <= to; i++) {
+    lua_Integer k = (lua_Integer)i + shift;
     if (left(d) >= 11) {
       const char *p = d->p + 1;
       switch ((unsigned char)*d->p) {
@@ -1345,12 +1350,12 @@ static void decode_items (Dec *d, int t, lua_Unsigned narr) {
           if ((p = fast_varint(p, &u)) == NULL) break;
           d->p = p;
           lua_pushinteger(L, (lua_Integer)((u >> 1) ^ (0 - (u & 1))));
-          lua_rawseti(L, t, (lua_Integer)i);
+          lua_rawseti(L, t, k);
           continue;
         case T_FLOAT:
           d->p = p + 8;
           lua_pushnumber(L, load_float(p));
-          lua_rawseti(L, t, (lua_Integer)i);
+          lua_rawseti(L, t, k);
           continue;
         case T_STRING:
           if ((p = fast_varint(p, &u)) == NULL || u > (size_t)(d->end - p))
@@ -1358,7 +1363,7 @@ static void decode_items (Dec *d, int t, lua_Unsigned narr) {
           d->p = p + u;
           charge(d, 1, COST_STRING + (size_t)u, "a string of %s bytes");
           lua_pushlstring(L, p, (size_t)u);
-          lua_rawseti(L, t, (lua_Integer)i);
+          lua_rawseti(L, t, k);
           continue;
         case T_NIL:   /* a table being reused holds nothing to clear */
           d->p++;
@@ -1368,8 +1373,22 @@ static void decode_items (Dec *d, int t, lua_Unsigned narr) {
     }
     decode_value(d);
     if (lua_isnil(L, -1)) lua_pop(L, 1);
-    else lua_rawseti(L, t, (lua_Integer)i);
+    else lua_rawseti(L, t, k);
   }
+}
+
+/* The items of mp_decode_spill's table at 't': the first 'after' into it,
+** then, if spill->where pushes a table, the rest into that one. */
+static void decode_spilled (Dec *d, int t, lua_Unsigned narr) {
+  lua_State *L = d->L;
+  lua_Unsigned after = (lua_Unsigned)d->spill->after;
+  lua_Integer shift = 0;
+  decode_items(d, t, 1, after, 0);
+  if (d->spill->where(L, t, d->spill->ud, &shift)) {  /* dest */
+    decode_items(d, lua_gettop(L), after + 1, narr, shift);
+    lua_pop(L, 1);                                      /* */
+  }
+  else decode_items(d, t, after + 1, narr, 0);
 }
 
 static void decode_table (Dec *d, int hasmt) {
@@ -1389,7 +1408,9 @@ static void decode_table (Dec *d, int hasmt) {
   else lua_createtable(L, hint(narr), hint(nhash));
   t = lua_gettop(L);
   number_object(d);
-  decode_items(d, t, narr);
+  if (into && d->spill && narr > (lua_Unsigned)d->spill->after)
+    decode_spilled(d, t, narr);
+  else decode_items(d, t, 1, narr, 0);
   for (i = 0; i < nhash; i++) {
     const char *at = d->p;
     decode_value(d);
@@ -1619,10 +1640,17 @@ int mp_decode (lua_State *L, const char *data, size_t size, int flags,
 
 int mp_decode_into (lua_State *L, int into, const char *data, size_t size,
                     int flags, int *fds, size_t nfds) {
+  return mp_decode_spill(L, into, NULL, data, size, flags, fds, nfds);
+}
+
+int mp_decode_spill (lua_State *L, int into, const mp_Spill *spill,
+                     const char *data, size_t size, int flags, int *fds,
+                     size_t nfds) {
   Dec d;
   lua_Unsigned n, i;
   d.L = L;
   d.into = into ? lua_absindex(L, into) : 0;
+  d.spill = spill;
   d.start = d.p = data;
   d.end = data + size;
   d.fds = fds;

@@ -357,8 +357,11 @@ local function send(self, job, first, n)
     return false
   end
   self.put_wait = PUT_WAIT
+  -- dest: a map's results are decoded straight into its table (get_result)
   self.msgs[mid] = { job = job, first = first, n = n, upto = 0,
-                     deaths = self.idle_deaths }
+                     deaths = self.idle_deaths,
+                     dest = job.kind == "map" and not job.outcomes
+                            and job.results or nil }
   self.nmsg = self.nmsg + 1
   return true
 end
@@ -520,7 +523,9 @@ function Pool:_receive(res)
   local kind, kept = job.kind, false
   if (kind == "map" or kind == "unordered") and not errs and not job.outcomes then
     if kind == "map" then
-      tmove(res, 4, 4 + k1 - k0, rec.first + k0 - 1, job.results)
+      if not res.routed then
+        tmove(res, 4, 4 + k1 - k0, rec.first + k0 - 1, job.results)
+      end
     else   -- the message's results are handed out from it as they are
       push(job.runs, { res, 4, 4 + k1 - k0, rec.first + k0 - 1 })
       kept = true
@@ -533,6 +538,8 @@ function Pool:_receive(res)
       local e = errs and errs[k]
       if e then settle(self, job, base + k, false,
                        task_exception(job, base + k, w, e))
+      elseif res.routed then   -- already in place
+        settle(self, job, base + k, true, job.results[base + k])
       else settle(self, job, base + k, true, res[4 + k - k0]) end
       -- a callback that terminated the pool has settled everything
       if self.msgs[mid] ~= rec then return end
@@ -548,11 +555,12 @@ end
 -- decoded into one spare table (Queue:_get_into), emptied after each
 -- (settled): a big map does not make and drop a table a message.  A
 -- callback that drains the queue while a message is being settled gets a
--- table of its own.
+-- table of its own.  A map's results go straight into its result table,
+-- by the routes self.msgs (a record with 'dest', see send): res.routed.
 local function get_result(self, timeout)
   local t = self.spare or {}
   self.spare = nil
-  local v, why = self.results:_get_into(t, timeout)
+  local v, why = self.results:_get_into(t, timeout, self.msgs)
   if v ~= t then self.spare = t end
   return v, why
 end
