@@ -139,6 +139,36 @@ for _, method in ipairs(H.methods) do
       assert.are.same({ "A", "B", n = 2 }, pool:map(string.upper, { "a", "b" }))
     end)
 
+    -- a map's results are decoded straight into its result table, message
+    -- by message: slow items post theirs in several messages
+    it("map: results posted in pieces land in their places", function()
+      local pool <close> = mp.Pool(2, { start_method = method })
+      local list = {}
+      for i = 1, 24 do list[i] = i end
+      local function slow(x)
+        local t = os.clock() + 0.012
+        while os.clock() < t do end
+        if x % 4 == 0 then return nil elseif x % 4 == 1 then return false end
+        return x * 10
+      end
+      for _ = 1, 2 do
+        local r = pool:map(slow, list, 12)
+        assert.are.equal(24, r.n)
+        for i = 1, 24 do
+          if i % 4 == 0 then assert.is_nil(r[i])
+          elseif i % 4 == 1 then assert.is_false(r[i])
+          else assert.are.equal(i * 10, r[i]) end
+        end
+      end
+      local ok, e = pcall(pool.map, pool, function(x)
+        if x == 17 then error("seventeen") end
+        return slow(x)
+      end, list, 12)
+      assert.is_false(ok)
+      assert.are.equal(17, e.task)
+      assert.are.same({ 2, 3, 4, n = 3 }, pool:map(function(x) return x + 1 end, { 1, 2, 3 }))
+    end)
+
     it("imap_unordered: a failed item raises at its turn; with outcomes it is yielded", function()
       local flag = os.tmpname()
       os.remove(flag)
