@@ -343,32 +343,69 @@ describe("codec", function()
                        encode_error(false, chunk({ 1 }, { 2, function() end }, 1, 2)))
     end)
 
-    it("with args, an item crosses as the argument list unpack reads from it", function()
+    -- with args (a starmap's), each item crosses flat: its count c and
+    -- its c values, or -1 and the item as it is; a worker unpacks each
+    -- list out of the one message table
+    local function lists(t, from)
+      local out, p = {}, from
+      while p <= #t or t[p] ~= nil do
+        local c = t[p]
+        if c < 0 then
+          out[#out + 1] = { bad = t[p + 1] }
+          p = p + 2
+        else
+          out[#out + 1] = table.pack(table.unpack(t, p + 1, p + c))
+          p = p + 1 + c
+        end
+      end
+      return out
+    end
+
+    it("with args, an item crosses flat as the argument list unpack reads from it", function()
       local shared = { "s" }
       local proxy = setmetatable({}, { __index = function(_, k) return k == 1 and "p" or nil end,
                                       __len = function() return 2 end })
       local list = { { 1, 2 }, { 1, nil, 3, n = 3, x = print }, {}, { n = 2 }, proxy,
-                     { shared, shared }, { n = 1.0 }, "not a table" }
-      local b = rt(chunk({ 0 }, list, 1, #list, true))
+                     { shared, shared }, { n = 1.0 }, "not a table", { 4, nil, nil } }
+      local b = rt(chunk({ 0, flag = true }, list, 1, #list, true))
       assert.are.equal(0, b[1])
-      assert.are.same({ 1, 2 }, b[2])
-      assert.are.same({ 1, nil, 3, n = 3 }, b[3])         -- a nil inside: n
-      assert.are.same({}, b[4])
-      assert.are.same({ n = 2 }, b[5])
-      assert.are.same({ "p", n = 2 }, b[6])               -- read through the metatable
-      assert.is_nil(getmetatable(b[6]))
-      assert.are.equal(b[7][1], b[7][2])                  -- values keep their references
-      assert.are.same({ n = 1 }, b[8])
-      assert.are.equal("not a table", b[9])
+      assert.is_true(b.flag)
+      local got = lists(b, 2)
+      assert.are.equal(#list, #got)
+      assert.are.same({ 1, 2, n = 2 }, got[1])
+      assert.are.same({ 1, nil, 3, n = 3 }, got[2])       -- a nil inside: n
+      assert.are.same({ n = 0 }, got[3])
+      assert.are.same({ n = 2 }, got[4])
+      assert.are.same({ "p", nil, n = 2 }, got[5])        -- read through the metatable
+      assert.are.equal(got[6][1], got[6][2])              -- values keep their references
+      assert.are.same({ "s" }, got[6][1])
+      assert.are.same({ n = 1 }, got[7])
+      assert.are.same({ bad = "not a table" }, got[8])    -- for unpack to refuse
+      assert.are.same({ 4, n = 1 }, got[9])               -- #: its border
       -- an n that is no count: the item crosses as it is, for unpack to refuse
-      assert.are.same({ n = "x" }, rt(chunk({}, { { n = "x" } }, 1, 1, true))[1])
+      assert.are.same({ { bad = { n = "x" } } }, lists(rt(chunk({}, { { n = "x" } }, 1, 1, true)), 1))
       -- nor one that no unpack could give (Lua's stack limit): as it is
-      assert.are.same({ n = 1 << 40 }, rt(chunk({}, { { n = 1 << 40 } }, 1, 1, true))[1])
-      -- an argument list has no number: the same table twice is two lists
-      local twice = rt(chunk({}, { shared, shared }, 1, 2, true))
-      assert.are_not.equal(twice[1], twice[2])
+      assert.are.same({ { bad = { n = 1 << 40 } } },
+                      lists(rt(chunk({}, { { n = 1 << 40 } }, 1, 1, true)), 1))
+      -- an argument list has no number: the same table twice is read twice
+      local twice = lists(rt(chunk({}, { { 7 }, { 7 } }, 1, 2, true)), 1)
+      assert.are.same({ { 7, n = 1 }, { 7, n = 1 } }, twice)
       assert.are.equal("cannot send value1[1][2] (function) to another process",
                        encode_error(false, chunk({}, { { 1, function() end } }, 1, 1, true)))
+      -- the count is written after the lists: the same table as built by hand
+      assert.are.equal(encode(false, { 9, 2, "a", "b", 0, 1, 5, n = 3 }):len(),
+                       encode(false, chunk({ 9, n = 3 }, { { "a", "b" }, {}, { 5 } }, 1, 3, true)):len() - 4)
+      assert.are.same({ 9, 2, "a", "b", 0, 1, 5, n = 3 },
+                      rt(chunk({ 9, n = 3 }, { { "a", "b" }, {}, { 5 } }, 1, 3, true)))
+    end)
+
+    it("with args, thousands of lists and a count past one varint byte", function()
+      local list = {}
+      for i = 1, 5000 do list[i] = { i, tostring(i), i % 2 == 0 } end
+      local b = rt(chunk({}, list, 1, #list, true))
+      local got = lists(b, 1)
+      assert.are.equal(5000, #got)
+      for i = 1, 5000, 499 do assert.are.same({ i, tostring(i), i % 2 == 0, n = 3 }, got[i]) end
     end)
 
     it("checks its arguments", function()

@@ -16,9 +16,6 @@
 **           | T_MODFIELD str(name) str(field)     require(name)[field]
 **           | T_FUNCTION u32(len) bytecode varint(nup) upvalue{nup}
 **           | T_USERDATA str(tname) u32(nbytes) u32(nfds) bytes
-**           | T_ARGS varint(n) value{n}             an argument list: a table
-**                                     of the n values, its field n = n when
-**                                     one is nil; no object number
 **   table   = varint(narray) u32(nhash) value{narray} (value value){nhash}
 **   upvalue = value | T_UPJOIN varint(k) varint(i)  shares upvalue i of the
 **                                                  k-th object (a function)
@@ -72,9 +69,9 @@
 ** recursion of both encoder and decoder (and the Lua stack they use). */
 #define MAXDEPTH 1000
 
-/* An argument list longer than this crosses as the table it is (T_ARGS
-** is for the lists table.unpack can give: Lua's own stack limit,
-** LUAI_MAXSTACK, refuses more with "too many results to unpack"). */
+/* An argument list longer than this crosses as the table it is (a chunk's
+** argument lists are the lists table.unpack can give: Lua's own stack
+** limit, LUAI_MAXSTACK, refuses more with "too many results to unpack"). */
 #define MAXARGS 1000000
 
 /* The decoder's budget (bytes).  What an honest message costs per byte of
@@ -85,12 +82,13 @@
 
 /* The tag byte that starts every value (the grammar above).  The numbers
 ** are the format -- spec/codec_spec.lua and fuzz/make_corpus.lua write
-** them by hand --: a new tag takes the next one, none is renumbered. */
+** them by hand --: a new tag takes the next one, none is renumbered (15,
+** an argument list as a table of its own, is retired: a chunk's lists
+** cross flat, encode_chunk). */
 typedef enum Tag {
   T_NIL = 0, T_FALSE = 1, T_TRUE = 2, T_INT = 3, T_FLOAT = 4, T_STRING = 5,
   T_TABLE = 6, T_TABLEMT = 7, T_REF = 8, T_GLOBALS = 9, T_MODULE = 10,
-  T_MODFIELD = 11, T_FUNCTION = 12, T_USERDATA = 13, T_UPJOIN = 14,
-  T_ARGS = 15
+  T_MODFIELD = 11, T_FUNCTION = 12, T_USERDATA = 13, T_UPJOIN = 14
 } Tag;
 
 /* registry key of the table tname -> light userdata (const mp_CodecType *) */
@@ -248,6 +246,27 @@ static void patch_u32 (Enc *e, size_t at, size_t v, const char *what) {
   if (v > UINT32_MAX)
     fail(e->L, "cannot send %s of %I bytes", what, (lua_Integer)v);
   for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* A varint known only after what follows it is written: 5 bytes reserved,
+** patched as a padded LEB128 (continuation bits on the first four, which
+** the reader takes as the same number: no format of its own). */
+#define VARINT5_MAX (((lua_Unsigned)1 << 35) - 1)
+
+static size_t reserve_varint5 (Enc *e) {
+  room(e, 5);
+  e->box->size += 5;
+  return e->box->size - 5;
+}
+
+static void patch_varint5 (Enc *e, size_t at, lua_Unsigned v,
+                           const char *what) {
+  unsigned char *p = (unsigned char *)e->box->data + at;
+  int i;
+  if (v > VARINT5_MAX)
+    fail(e->L, "cannot send %s of %I items", what, (lua_Integer)v);
+  for (i = 0; i < 4; i++) p[i] = (unsigned char)(0x80 | ((v >> (7 * i)) & 0x7F));
+  p[4] = (unsigned char)(v >> 28);
 }
 
 /* Writes 'tag' and the varint 'u' in one go: the hot path of every
@@ -792,49 +811,57 @@ static void encode_table (Enc *e, int t, const Step *at) {
 ** plus head's other entries.  The Pool's messages are such views: a run of
 ** the caller's list crosses without being copied into a message table
 ** first, and its items are only indexed, not walked with lua_next (which
-** costs a table's items as much again).  With 'args' (a starmap's), each
-** item that is a table crosses as the argument list it stands for
-** (encode_args). */
+** costs a table's items as much again).  With 'args' (a starmap's), the
+** items cross flat, each as its argument list (encode_args): the table
+** holds, after head's items, for each item a count c and then c values,
+** and a worker calls fn(table.unpack(t, p + 1, p + c)) with no table made
+** per item, which is what a starmap's 100,000 small tables cost. */
 typedef struct Chunk {
   lua_Integer first, n;
   int args;
 } Chunk;
 
-/* The argument list 'item' (a table at t, list item i) stands for: the
-** values table.unpack(item, 1, item.n or #item) gives, read as it reads
-** them, as T_ARGS: no object number, no metatable, no walk of the table,
-** which is what a starmap's 100,000 small tables cost.  Returns 0, having
-** written nothing, when item.n is neither nil nor a count, or a count over
-** MAXARGS: the item then crosses as it is, and the worker's unpack says
-** what is wrong. */
-static int encode_args (Enc *e, int t, int nkey, lua_Unsigned i,
-                        const Step *at) {
+/* Writes list item i (on top of the stack) as the argument list it stands
+** for: the count n and the n values table.unpack(item, 1, item.n or #item)
+** gives, read as it reads them; no object number, no metatable, no walk of
+** the table.  An item that is no table, or whose n is neither nil nor a
+** count, or a count over MAXARGS, goes as -1 and the item itself: the
+** worker's unpack of it says what is wrong.  Returns how many array items
+** it wrote. */
+static lua_Unsigned encode_args (Enc *e, int nkey, lua_Unsigned i,
+                                 const Step *at) {
   lua_State *L = e->L;
   Step s = {at, STEP_INDEX, NULL, 0, (lua_Integer)i};
-  lua_Integer n, k;
-  int isnum = 1;
-  lua_pushvalue(L, nkey);   /* "n", interned once: not looked up per item */
-  if (lua_gettable(L, t) == LUA_TNIL) n = luaL_len(L, t);     /* nil */
-  else n = lua_tointegerx(L, -1, &isnum);                     /* n */
-  lua_pop(L, 1);                                              /* */
-  if (!isnum || n > MAXARGS) return 0;
-  if (n < 0) n = 0;
+  int t = lua_gettop(L), isnum = 1;
+  lua_Integer n = -1, k;
+  if (lua_istable(L, t)) {
+    lua_pushvalue(L, nkey);   /* "n", interned once: not looked up per item */
+    if (lua_gettable(L, t) == LUA_TNIL) n = luaL_len(L, t);   /* nil */
+    else n = lua_tointegerx(L, -1, &isnum);                   /* n */
+    lua_pop(L, 1);                                            /* */
+    if (!isnum || n > MAXARGS) n = -1;
+    else if (n < 0) n = 0;
+  }
+  put_int(e, n);
+  if (n < 0) {
+    encode_item(e, i, at);
+    return 2;
+  }
   enter(e, at);
-  put_tag_varint(e, T_ARGS, (lua_Unsigned)n);
   for (k = 1; k <= n; k++) {
     lua_geti(L, t, k);                                        /* v */
     encode_item(e, (lua_Unsigned)k, &s);
     lua_pop(L, 1);                                            /* */
   }
   e->depth--;
-  return 1;
+  return 1 + (lua_Unsigned)n;
 }
 
 static void encode_chunk (Enc *e, int u, const Step *at) {
   lua_State *L = e->L;
   const Chunk *c = (const Chunk *)lua_touserdata(L, u);
-  lua_Unsigned nh, i, nhash = 0;
-  size_t counter;
+  lua_Unsigned nh, i, narr, nhash = 0;
+  size_t counter, count = 0;
   int head, nkey;
   if (put_ref(e, u)) return;
   enter(e, at);
@@ -845,20 +872,22 @@ static void encode_chunk (Enc *e, int u, const Step *at) {
   nkey = head + 2;
   nh = lua_rawlen(L, head);
   put_byte(e, T_TABLE);
-  put_varint(e, nh + (lua_Unsigned)c->n);
+  if (c->args) count = reserve_varint5(e);  /* known once the lists are */
+  else put_varint(e, nh + (lua_Unsigned)c->n);
   counter = reserve_u32(e);
   for (i = 1; i <= nh; i++) {
     lua_rawgeti(L, head, (lua_Integer)i);             /* head list "n" item */
     encode_item(e, i, at);
     lua_pop(L, 1);                                    /* head list "n" */
   }
+  narr = nh;
   for (i = 0; i < (lua_Unsigned)c->n; i++) {  /* as table.move reads */
     lua_geti(L, head + 1, c->first + (lua_Integer)i); /* head list "n" item */
-    if (!(c->args && lua_istable(L, -1) &&
-          encode_args(e, lua_gettop(L), nkey, nh + 1 + i, at)))
-      encode_item(e, nh + 1 + i, at);
+    if (c->args) narr += encode_args(e, nkey, nh + 1 + i, at);
+    else encode_item(e, nh + 1 + i, at);
     lua_pop(L, 1);                                    /* head list "n" */
   }
+  if (c->args) patch_varint5(e, count, narr, "a table");
   lua_pushnil(L);                                     /* head list "n" nil */
   if (lua_next(L, head))                              /* head list "n" k v */
     nhash = encode_pairs(e, head, nh, at);            /* head list "n" */
@@ -1422,34 +1451,6 @@ static void decode_table (Dec *d, int hasmt) {
   d->depth--;
 }
 
-/* T_ARGS (encode_args): pushes a table of the n values, with n = n when
-** one of them is nil, so that table.unpack(t, 1, t.n or #t) gives them
-** all back. */
-static void decode_args (Dec *d) {
-  lua_State *L = d->L;
-  lua_Unsigned n = get_varint(d), i;
-  int t, holes = 0;
-  need(d, n, 1, "an argument list of %s values");
-  enter_dec(d);
-  charge(d, 1, COST_TABLE + COST_NODE, "a table");
-  charge(d, n, COST_SLOT, "an argument list of %s values");
-  lua_createtable(L, hint(n), 0);                     /* t */
-  t = lua_gettop(L);
-  for (i = 1; i <= n; i++) {
-    decode_value(d);                                  /* t v */
-    if (lua_isnil(L, -1)) {
-      holes = 1;
-      lua_pop(L, 1);                                  /* t */
-    }
-    else lua_rawseti(L, t, (lua_Integer)i);           /* t */
-  }
-  if (holes) {
-    lua_pushinteger(L, (lua_Integer)n);               /* t n */
-    lua_setfield(L, t, "n");                          /* t */
-  }
-  d->depth--;
-}
-
 /* Replaces the module name on top with require(name). */
 static void require_module (Dec *d) {                 /* name */
   lua_State *L = d->L;
@@ -1626,7 +1627,6 @@ static void decode_value (Dec *d) {
     case T_MODULE: case T_MODFIELD: decode_module(d, tag == T_MODFIELD); break;
     case T_FUNCTION: decode_function(d); break;
     case T_USERDATA: decode_userdata(d); break;
-    case T_ARGS: decode_args(d); break;
     default:
       d->p--;
       bad(d, "bad tag %d", tag);

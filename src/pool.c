@@ -128,7 +128,7 @@ static int is_plain(int type) {
 
 /* Whether the table on top, a starmap's argument list, has no metatable
 ** and plain values where table.unpack(t, 1, t.n or #t) reads: what
-** crosses of it is those values (codec.c's T_ARGS).  'nkey': where the
+** crosses of it is those values (codec.c's encode_args).  'nkey': where the
 ** string "n" is on the stack. */
 static int plain_args(lua_State *L, int nkey) {
   int t = lua_gettop(L), plain = 1;

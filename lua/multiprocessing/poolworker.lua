@@ -100,7 +100,9 @@ local function run_message(msg, n, fns, results, mark, slot, out)
   local mid, mode = msg[1], msg[3]
   local fn = fns[msg[2]]
   local base, start = mid * MID, now()
-  local k0, k = 1, 0
+  -- p: where the next item's argument list starts (mode 1: a count c and
+  -- c values, or -1 and a value as it was; codec.c's encode_args)
+  local k0, k, p = 1, 0, 5
   out[1], out[2], out.s = mid, 1, slot
   local flushed, stride = start, 1
   local function body()
@@ -118,8 +120,15 @@ local function run_message(msg, n, fns, results, mark, slot, out)
         for i = k + 1, last do
           k = i
           mark_(base_ + i)
-          local item = msg_[4 + i]
-          o[i + off] = task(unpack(item, 1, item.n or #item))
+          local c, s = msg_[p], p + 1
+          if c >= 0 then
+            p = s + c
+            o[i + off] = task(unpack(msg_, s, p - 1))
+          else
+            p = s + 1
+            local item = msg_[s]
+            o[i + off] = task(unpack(item, 1, item.n or #item))
+          end
         end
       else
         for i = k + 1, last do
