@@ -75,6 +75,35 @@ describe("Queue in one process", function()
     assert.is_nil(next(t))
   end)
 
+  it("routes a message's items into another table (_get_into's routes, the Pool's results)", function()
+    local q <close> = mp.Queue()
+    local dest = {}
+    local routes = { [7] = { dest = dest, first = 11, upto = 2, n = 6 } }
+    local function got(msg)
+      local t = {}
+      q:put(msg)
+      assert.are.equal(t, q:_get_into(t, nil, routes))
+      return t
+    end
+    -- a continuation (k = upto + 1) of record 7: its items after the 3rd
+    -- go to dest from first + upto on; nils stay holes
+    local t = got({ 7, 3, 5, "a", false, nil, e = 1 })
+    assert.are.same({ 7, 3, 5, e = 1, routed = true }, t)
+    assert.are.same({ [13] = "a", [14] = false }, dest)
+    -- not a continuation, no such record, too many items, no dest: as is
+    routes[7].upto = 5
+    assert.are.same({ 7, 3, 5, "b" }, got({ 7, 3, 5, "b" }))
+    assert.are.same({ 8, 6, 6, "c" }, got({ 8, 6, 6, "c" }))
+    assert.are.same({ 7, 6, 7, "d", "e" }, got({ 7, 6, 7, "d", "e" }))
+    routes[7].dest = nil
+    assert.are.same({ 7, 6, 6, "f" }, got({ 7, 6, 6, "f" }))
+    assert.are.same({ [13] = "a", [14] = false }, dest)
+    -- a message with no items to route keeps what it has
+    routes[7].dest = dest
+    assert.are.same({ 7, 6, 5 }, got({ 7, 6, 5 }))
+    assert.has_error(function() q:_get_into({}, nil, "routes") end)
+  end)
+
   it("tells a timeout from a received nil", function()
     local q <close> = mp.Queue()
     local t0 = mp.now and mp.now() or os.clock()

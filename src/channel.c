@@ -947,38 +947,51 @@ static int visit_close(lua_State *L, int idx, void *ud) {
 
 /* The routes of q:_get_into(t, timeout, routes), which the Pool's parent
 ** takes its results with: a message {m, k, ...} whose route routes[m] = r
-** is a table with r.dest and k == r.upto + 1 has its items from the 4th on
-** decoded straight into r.dest, from index r.first + r.upto on (what was
-** the Pool's table.move of them, and the emptying of t after it).  A
-** message that is no such continuation (k is not r.upto + 1: a worker gone
-** since, its items run again) keeps its items in t.  'ud' points to the
-** stack index of routes (mp_decode_spill's 'where'). */
+** is a table with r.dest, with k == r.upto + 1 and no more items after its
+** 3rd than r.n - r.upto, has those items decoded straight into r.dest,
+** from index r.first + r.upto on (what was the Pool's table.move of them,
+** and the emptying of t after it).  A message that is no such
+** continuation (k is not r.upto + 1: a worker gone since, its items run
+** again) keeps its items in t, as does one with too many, which never
+** writes past its record.  'ud' points to the stack index of routes
+** (mp_decode_spill's 'where'). */
 #define ROUTED_AFTER 3
-static int route(lua_State *L, int t, void *ud, lua_Integer *shift) {
+
+/* The integer fields first, upto and n of the table on top, or 0. */
+static int record_fields(lua_State *L, lua_Integer f[3]) {
+  static const char *const names[3] = {"first", "upto", "n"};
+  int i, isnum = 1;
+  for (i = 0; i < 3 && isnum; i++) {
+    lua_getfield(L, -1, names[i]);                    /* r v */
+    f[i] = lua_tointegerx(L, -1, &isnum);
+    lua_pop(L, 1);                                    /* r */
+  }
+  return isnum;
+}
+
+static int route(lua_State *L, int t, void *ud, lua_Integer count,
+                 lua_Integer *shift) {
   int routes = *(const int *)ud, top = lua_gettop(L), isnum;
-  lua_Integer k, first, upto;
+  lua_Integer f[3], k;                                /* first, upto, n */
   lua_rawgeti(L, t, 1);                               /* m */
   if (lua_rawget(L, routes) != LUA_TTABLE ||          /* r */
+      !record_fields(L, f) ||
       lua_getfield(L, -1, "dest") != LUA_TTABLE) {    /* r dest */
     lua_settop(L, top);
     return 0;
   }
-  lua_getfield(L, -2, "first");                       /* r dest first */
-  lua_getfield(L, -3, "upto");                        /* r dest first upto */
-  lua_rawgeti(L, t, 2);                               /* r dest first upto k */
-  first = lua_tointegerx(L, -3, &isnum);
-  upto = isnum ? lua_tointegerx(L, -2, &isnum) : 0;
-  k = isnum ? lua_tointegerx(L, -1, &isnum) : 0;
-  if (!isnum || k != upto + 1) {
+  lua_rawgeti(L, t, 2);                               /* r dest k */
+  k = lua_tointegerx(L, -1, &isnum);
+  if (!isnum || k != f[1] + 1 || count > f[2] - f[1]) {
     lua_settop(L, top);
     return 0;
   }
-  lua_pop(L, 3);                                      /* r dest */
+  lua_pop(L, 1);                                      /* r dest */
   lua_remove(L, -2);                                  /* dest */
   lua_pushliteral(L, "routed");                       /* dest "routed" */
   lua_pushboolean(L, 1);                              /* dest "routed" true */
   lua_rawset(L, t);                                   /* dest */
-  *shift = first + upto - (ROUTED_AFTER + 1);
+  *shift = f[0] + f[1] - (ROUTED_AFTER + 1);
   return 1;
 }
 

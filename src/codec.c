@@ -1413,7 +1413,8 @@ static void decode_spilled (Dec *d, int t, lua_Unsigned narr) {
   lua_Unsigned after = (lua_Unsigned)d->spill->after;
   lua_Integer shift = 0;
   decode_items(d, t, 1, after, 0);
-  if (d->spill->where(L, t, d->spill->ud, &shift)) {  /* dest */
+  if (d->spill->where(L, t, d->spill->ud, (lua_Integer)(narr - after),
+                      &shift)) {                      /* dest */
     decode_items(d, lua_gettop(L), after + 1, narr, shift);
     lua_pop(L, 1);                                      /* */
   }

@@ -95,15 +95,16 @@ int mp_decode_into(lua_State *L, int into, const char *data, size_t size,
                    int flags, int *fds, size_t nfds);
 
 /* mp_decode_into, but once the first 'after' array items of that table are
-** in it, where(L, t, ud, &shift) is called with the table at stack index t
-** and may push another table (and return 1): the later items go there,
-** item i into index i + shift, as they are read; or push nothing (and
-** return 0): they go into t.  A receiver that moves the items of each
-** message into one big table (the Pool's results) is spared the move, and
-** the emptying of t after it. */
+** in it, where(L, t, ud, count, &shift) is called with the table at stack
+** index t and the count of the later items, and may push another table
+** (and return 1): the later items go there, item i into index i + shift,
+** as they are read; or push nothing (and return 0): they go into t.  A
+** receiver that moves the items of each message into one big table (the
+** Pool's results) is spared the move, and the emptying of t after it. */
 typedef struct mp_Spill {
   int after;
-  int (*where)(lua_State *L, int t, void *ud, lua_Integer *shift);
+  int (*where)(lua_State *L, int t, void *ud, lua_Integer count,
+               lua_Integer *shift);
   void *ud;
 } mp_Spill;
 int mp_decode_spill(lua_State *L, int into, const mp_Spill *spill,
