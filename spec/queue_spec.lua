@@ -101,7 +101,15 @@ describe("Queue in one process", function()
     -- a message with no items to route keeps what it has
     routes[7].dest = dest
     assert.are.same({ 7, 6, 5 }, got({ 7, 6, 5 }))
+    -- false: into a new table, routed alike
+    q:put({ 7, 6, 6, "g" })
+    local new = q:_get_into(false, nil, routes)
+    assert.are.same({ 7, 6, 6, routed = true }, new)
+    assert.are.equal("g", dest[16])
+    q:put({ 1, 2 })
+    assert.are.same({ 1, 2 }, q:_get_into(false))
     assert.has_error(function() q:_get_into({}, nil, "routes") end)
+    assert.has_error(function() q:_get_into(true) end)
   end)
 
   it("tells a timeout from a received nil", function()

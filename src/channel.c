@@ -1263,15 +1263,17 @@ static int queue_put_patient(lua_State *L) {
 /* q:_get_into(t [, timeout [, routes]]) -> as q:get, but a message that
 ** is a table is decoded into t, which must be empty (mp_decode_into), and
 ** t is what comes back; with 'routes', its items may go elsewhere (route),
-** and then t.routed is true.  Internal: the pool's loops take many big
-** messages of one shape, and one table reused spares a table made and
-** collected each. */
+** and then t.routed is true.  t false: a new table, made as big as the
+** message says (a table given grows as it is filled).  Internal: the
+** pool's loops take many big messages of one shape, and one table reused
+** spares a table made and collected each. */
 static int queue_get_into(lua_State *L) {
   Chan *c = checkchan(L, 1);
-  luaL_checktype(L, 2, LUA_TTABLE);
+  luaL_argexpected(L, lua_istable(L, 2) || (lua_isboolean(L, 2) &&
+                   !lua_toboolean(L, 2)), 2, "table or false");
   if (!lua_isnoneornil(L, 4)) luaL_checktype(L, 4, LUA_TTABLE);
-  return get_impl(L, c, mp_opttimeout(L, 3), "get", 0, 2,
-                  lua_istable(L, 4) ? 4 : 0);
+  return get_impl(L, c, mp_opttimeout(L, 3), "get", 0,
+                  lua_istable(L, 2) ? 2 : 0, lua_istable(L, 4) ? 4 : 0);
 }
 
 static int queue_get_nowait(lua_State *L) {

@@ -1152,8 +1152,10 @@ struct mp_Reader {
   int refs;                     /* stack slot: the objects, in order */
   lua_Integer nobjs;
   size_t budget;                /* bytes the message may still cost */
-  int into;                     /* stack slot of the table the message's
-                                   first table fills (mp_decode_into), or 0 */
+  int first;                    /* 1 until the message's first value, if a
+                                   table, is begun */
+  int into;                     /* stack slot of the table that first table
+                                   fills (mp_decode_into), or 0 */
   const mp_Spill *spill;        /* where that table's later items may go
                                    (mp_decode_spill), or NULL */
 };
@@ -1424,8 +1426,8 @@ static void decode_spilled (Dec *d, int t, lua_Unsigned narr) {
 static void decode_table (Dec *d, int hasmt) {
   lua_State *L = d->L;
   lua_Unsigned narr = get_varint(d), nhash, i;
-  int t, into = d->into;
-  d->into = 0;                  /* the first value's table, not its parts */
+  int t, first = d->first, into = d->into;
+  d->first = d->into = 0;       /* the first value's table, not its parts */
   need(d, narr, 1, "an array of %s items");
   nhash = get_fixed(d, 4);
   need(d, nhash, 2, "%s table entries");
@@ -1438,7 +1440,7 @@ static void decode_table (Dec *d, int hasmt) {
   else lua_createtable(L, hint(narr), hint(nhash));
   t = lua_gettop(L);
   number_object(d);
-  if (into && d->spill && narr > (lua_Unsigned)d->spill->after)
+  if (first && !hasmt && d->spill && narr > (lua_Unsigned)d->spill->after)
     decode_spilled(d, t, narr);
   else decode_items(d, t, 1, narr, 0);
   for (i = 0; i < nhash; i++) {
@@ -1650,6 +1652,7 @@ int mp_decode_spill (lua_State *L, int into, const mp_Spill *spill,
   Dec d;
   lua_Unsigned n, i;
   d.L = L;
+  d.first = 1;
   d.into = into ? lua_absindex(L, into) : 0;
   d.spill = spill;
   d.start = d.p = data;
@@ -1675,7 +1678,7 @@ int mp_decode_spill (lua_State *L, int into, const mp_Spill *spill,
   lua_pushnil(L);
   d.refs = lua_gettop(L);
   if (n == 0 || d.p == d.end || (unsigned char)*d.p != T_TABLE)
-    d.into = 0;                 /* the first value only, if a plain table */
+    d.first = d.into = 0;       /* the first value only, if a table */
   for (i = 0; i < n; i++) decode_value(&d);
   if (d.p != d.end)
     bad(&d, "trailing garbage (%I bytes)", (lua_Integer)left(&d));

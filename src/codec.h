@@ -94,8 +94,9 @@ int mp_decode(lua_State *L, const char *data, size_t size, int flags,
 int mp_decode_into(lua_State *L, int into, const char *data, size_t size,
                    int flags, int *fds, size_t nfds);
 
-/* mp_decode_into, but once the first 'after' array items of that table are
-** in it, where(L, t, ud, count, &shift) is called with the table at stack
+/* mp_decode_into ('into' may be 0: the first table is a new one), but once
+** the first 'after' array items of the message's first table (when it has
+** no metatable) are in it, where(L, t, ud, count, &shift) is called with the table at stack
 ** index t and the count of the later items, and may push another table
 ** (and return 1): the later items go there, item i into index i + shift,
 ** as they are read; or push nothing (and return 0): they go into t.  A

@@ -553,15 +553,16 @@ end
 
 -- The next results message, or nil, "timeout" | "closed".  Messages are
 -- decoded into one spare table (Queue:_get_into), emptied after each
--- (settled): a big map does not make and drop a table a message.  A
--- callback that drains the queue while a message is being settled gets a
--- table of its own.  A map's results go straight into its result table,
--- by the routes self.msgs (a record with 'dest', see send): res.routed.
+-- (settled): a big map does not make and drop a table a message.  Without
+-- one (an imap_unordered keeps its messages; a callback that drains the
+-- queue while a message is being settled), a new one is made as big as
+-- its message.  A map's results go straight into its result table, by
+-- the routes self.msgs (a record with 'dest', see send): res.routed.
 local function get_result(self, timeout)
-  local t = self.spare or {}
+  local t = self.spare
   self.spare = nil
-  local v, why = self.results:_get_into(t, timeout, self.msgs)
-  if v ~= t then self.spare = t end
+  local v, why = self.results:_get_into(t or false, timeout, self.msgs)
+  if t and v ~= t then self.spare = t end
   return v, why
 end
 
