@@ -270,6 +270,10 @@ static Chan *checkchan(lua_State *L, int idx) {
 
 /* --- walking values for the channels (and other objects) inside ---------- */
 
+static int plain_type(int type) {
+  return type != LUA_TTABLE && type != LUA_TFUNCTION && type != LUA_TUSERDATA;
+}
+
 /* Called on every value met; returns 1 when it handled the value (the walk
 ** does not look inside it). */
 typedef int (*Visit)(lua_State *L, int idx, void *ud);
@@ -309,8 +313,39 @@ static void walk(lua_State *L, int idx, int seen, int depth, Visit visit,
   }
 }
 
+/* Whether the value at 'idx' holds nothing a walk would visit: a table
+** whose keys and values, or a function whose upvalues, are neither
+** tables, functions nor userdata (the globals excepted: never walked).
+** Such a value is visited alone, and no table is made to walk it: in a
+** forked worker every allocation may touch a page of the parent's heap,
+** and each first touch is a page fault. */
+static int walks_nothing(lua_State *L, int idx) {
+  int i, deep = 0;
+  if (lua_type(L, idx) == LUA_TTABLE) {
+    lua_pushnil(L);                           /* ... nil */
+    while (!deep && lua_next(L, idx)) {       /* ... k v */
+      deep = !plain_type(lua_type(L, -1)) || !plain_type(lua_type(L, -2));
+      lua_pop(L, 1);                          /* ... k */
+    }
+    if (deep) lua_pop(L, 1);                  /* ... */
+    return !deep;
+  }
+  if (lua_type(L, idx) != LUA_TFUNCTION) return 1;
+  lua_pushglobaltable(L);                     /* ... G */
+  for (i = 1; !deep && lua_getupvalue(L, idx, i) != NULL; i++) {
+    deep = !plain_type(lua_type(L, -1)) && !lua_rawequal(L, -1, -2);
+    lua_pop(L, 1);                            /* ... G */
+  }
+  lua_pop(L, 1);                              /* ... */
+  return !deep;
+}
+
 static void walk_value(lua_State *L, int idx, Visit visit, void *ud) {
   idx = lua_absindex(L, idx);
+  if (walks_nothing(L, idx)) {
+    visit(L, idx, ud);
+    return;
+  }
   lua_newtable(L);                            /* ... seen */
   lua_pushglobaltable(L);
   lua_pushboolean(L, 1);
