@@ -27,6 +27,35 @@ for _, method in ipairs(H.methods) do
       assert.are.same({ { 0, "x", 42 }, { 1, "x", 42 }, n = 2 }, results)
     end)
 
+    -- a fork's identity table is made by its parent (a child that made
+    -- it would fault in pages of the parent's heap): each worker has its own
+    it("runs fn with the collector as the parent had it, and its identity", function()
+      local function probe(rank)
+        local garbage = {}
+        for k = 1, 2000 do garbage[k] = { k } end   -- a collection may run
+        local me = mp.current_process()
+        return { collectgarbage("isrunning"), me.rank == rank, me.daemon,
+                 #garbage }
+      end
+      assert.are.same({ { true, true, false, 2000 }, { true, true, false, 2000 }, n = 2 },
+                      start(probe, {}, 2))
+      assert.are.same({ true, true, true, 2000 }, start(probe, {}, 1, true, true)[1])
+      collectgarbage("stop")
+      local ok, r = pcall(start, probe, {}, 1)
+      collectgarbage("restart")
+      assert.is_true(ok, r)
+      -- a fork has the parent's collector; spawn and forkserver their own
+      assert.are.same({ method ~= "fork", true, false, 2000 }, r[1])
+      assert.is_true(collectgarbage("isrunning"))
+      -- nested: a worker that starts workers keeps its own identity
+      local nested = start(function(rank)
+        local inner = mp.start_processes(function(i) return mp.current_process().rank * 10 + i end,
+                                         {}, 2, true, false, "fork")
+        return { rank, mp.current_process().rank, inner[1], inner[2] }
+      end, {}, 2)
+      assert.are.same({ { 0, 0, 0, 11 }, { 1, 1, 0, 11 }, n = 2 }, nested)
+    end)
+
     it("honours args.n so trailing nils are passed", function()
       local results = start(function(_, a, b, c)
         return select("#", a, b, c) .. tostring(b)

@@ -769,7 +769,7 @@ static int l_current_process(lua_State *L) {
   } else {
     lua_pushliteral(L, "MainProcess");
     lua_setfield(L, -2, "name");
-    lua_pushboolean(L, 0);                          /* nil t false */
+    lua_pushboolean(L, 0);                          /* id t false */
   }
   lua_setfield(L, -2, "daemon");                    /* id t */
   return 1;

@@ -382,6 +382,11 @@ int  mp_lifeline_create(int lifeline[2]);
 #define MP_WORKER_KEY "multiprocessing.worker"
 /* Before mp_worker_run: the worker's context is daemonic or not. */
 void mp_worker_daemon(lua_State *L, int daemon);
+/* The same in two steps, for forks: the parent pushes the identity table
+** (rank 0) before it forks, and each child takes the table at 'idx' as its
+** own (mp_worker_run sets its rank): a fork allocates nothing for it. */
+void mp_worker_identity_new(lua_State *L, int daemon);
+void mp_worker_identity(lua_State *L, int idx);
 /* Runs fn(rank, table.unpack(args)), reports, and never returns; the
 ** worker's title is "lua worker <rank>/<nprocs> (<script>)" until fn sets
 ** another. */

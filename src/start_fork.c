@@ -53,14 +53,18 @@ static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
                       int args) {
   mp_Detach d;
   int gate[2] = {-1, -1};
-  int i, err = 0;
+  int i, id, err = 0;
   (void)ctxidx;  /* a fork keeps nothing: the child has it all */
   /* once for all the children: handlers, mask, threads, the kernel */
   mp_detach_learn(&d, ctx->lifeline[0]);
   warn_if_threaded(L, d.threads);
   mp_title_prepare(L);  /* the children set their titles without /proc */
-  if (host_may_reap() && pipe2(gate, O_CLOEXEC) != 0)
+  mp_worker_identity_new(L, ctx->daemon);             /* id */
+  id = lua_gettop(L);
+  if (host_may_reap() && pipe2(gate, O_CLOEXEC) != 0) {
+    lua_pop(L, 1);                                    /* */
     return mp_push_errno(L, "pipe", errno);
+  }
   /* Anything still buffered would otherwise be printed by every child. */
   fflush(NULL);
   for (i = ctx->first; i < ctx->last && err == 0; i++) {
@@ -77,7 +81,7 @@ static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
       int slot = ctx->lifeline[1];
       ctx->lifeline[0] = ctx->lifeline[1] = -1;
       mp_worker_detach(&d, slot);
-      mp_worker_daemon(L, ctx->daemon);
+      mp_worker_identity(L, id);
       if (gate[0] >= 0) {
         close(gate[1]);
         wait_at_gate(gate[0]);
@@ -102,6 +106,7 @@ static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
     close(gate[0]);
     close(gate[1]);
   }
+  lua_remove(L, id);                                  /* [error] */
   return err;
 }
 

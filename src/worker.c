@@ -81,6 +81,25 @@ int mp_lifeline_create(int lifeline[2]) {
   return 0;
 }
 
+/* Text made without the printf family: in a fork, its machinery is some
+** ten pages of libc's code and tables the child has not touched yet, each
+** a page fault (20-60 us on a VM) to write a number.  Each appends what
+** fits before 'end' and returns where the text goes on. */
+static char *add_text(char *p, const char *end, const char *s) {
+  while (*s != '\0' && p < end) *p++ = *s++;
+  return p;
+}
+
+static char *add_int(char *p, const char *end, long v) {
+  char digits[24];
+  int n = 0;
+  unsigned long u = v < 0 ? 0UL - (unsigned long)v : (unsigned long)v;
+  do digits[n++] = (char)('0' + u % 10); while ((u /= 10) != 0);
+  if (v < 0 && p < end) *p++ = '-';
+  while (n > 0 && p < end) *p++ = digits[--n];
+  return p;
+}
+
 /* 1 when the lifeline will SIGKILL our group ('self' is its id).  Our
 ** own open file of the pipe, opened through the inherited read end
 ** 'lifeline', is armed, then placed: at 'slot' when it is a fork's copy of
@@ -94,7 +113,8 @@ static int hold_lifeline(int lifeline, int slot, pid_t self) {
     if (slot >= 0) close(slot);  /* only the parent may hold the write end */
     return 0;
   }
-  snprintf(path, sizeof path, "/proc/self/fd/%d", lifeline);
+  *add_int(add_text(path, path + sizeof path - 1, "/proc/self/fd/"),
+           path + sizeof path - 1, lifeline) = '\0';
   fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   ok = fd >= 0 && fcntl(fd, F_SETSIG, SIGKILL) == 0 &&
        fcntl(fd, F_SETOWN, -self) == 0 &&
@@ -545,52 +565,66 @@ static int run_worker(lua_State *L) {
   return 1;
 }
 
-/* Pushes this worker's identity table (MP_WORKER_KEY), a new one when
-** 'fresh' (a fork keeps its parent's, which may be a worker too). */
-static void push_identity(lua_State *L, int fresh) {
-  if (!fresh && lua_getfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY) == LUA_TTABLE)
-    return;                                         /* id */
-  if (!fresh) lua_pop(L, 1);
+/* The identity table {rank=, daemon=} is made whole by the parent: a fork
+** that made it, or only added a key to the registry, would allocate, and
+** each first write to a page of the parent's heap is a page fault in it.
+** The registry's key is made here too (false until a worker's table takes
+** its place): a non-worker's registry gains it once. */
+void mp_worker_identity_new(lua_State *L, int daemon) {
+  if (lua_getfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY) == LUA_TNIL) {
+    lua_pushboolean(L, 0);                          /* nil false */
+    lua_setfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY);  /* nil */
+  }
+  lua_pop(L, 1);                                    /* */
   lua_createtable(L, 0, 2);                         /* id */
-  lua_pushvalue(L, -1);                             /* id id */
-  lua_setfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY);  /* id */
+  lua_pushboolean(L, daemon);                       /* id daemon */
+  lua_setfield(L, -2, "daemon");                    /* id */
+  lua_pushinteger(L, 0);                            /* id 0 */
+  lua_setfield(L, -2, "rank");                      /* id */
+}
+
+void mp_worker_identity(lua_State *L, int idx) {
+  lua_pushvalue(L, idx);                            /* id */
+  lua_setfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY);  /* */
 }
 
 void mp_worker_daemon(lua_State *L, int daemon) {
-  push_identity(L, 1);
-  lua_pushboolean(L, daemon);
-  lua_setfield(L, -2, "daemon");
-  lua_pop(L, 1);
+  mp_worker_identity_new(L, daemon);                /* id */
+  mp_worker_identity(L, -1);
+  lua_pop(L, 1);                                    /* */
 }
 
-/* The script a plain worker's title names: the parent's arg[0] (the
-** script lua5.4 ran), else the chunk fn was defined in.  Nothing is
+/* Appends the script a plain worker's title names: the parent's arg[0]
+** (the script lua5.4 ran), else the chunk fn was defined in.  Nothing is
 ** allocated: in a forked worker an allocation may start a collection step,
 ** and its marks would copy page after page of the parent's heap. */
-static void script_name(lua_State *L, int fn, char *buf, size_t size) {
+static char *add_script_name(lua_State *L, int fn, char *p, const char *end) {
   int top = lua_gettop(L);
   lua_Debug ar;
   if (lua_getglobal(L, "arg") == LUA_TTABLE &&        /* arg */
       lua_rawgeti(L, -1, 0) == LUA_TSTRING) {         /* arg script */
-    snprintf(buf, size, "%s", lua_tostring(L, -1));
+    p = add_text(p, end, lua_tostring(L, -1));
   } else {
     lua_settop(L, top);                               /* */
     lua_pushvalue(L, fn);                             /* fn */
-    snprintf(buf, size, "%s", lua_getinfo(L, ">S", &ar) ? ar.short_src : "?");
+    p = add_text(p, end, lua_getinfo(L, ">S", &ar) ? ar.short_src : "?");
   }
   lua_settop(L, top);                                 /* */
+  return p;
 }
 
 /* "lua worker <rank>/<n> (<script>)", until the worker sets its own. */
 static void set_default_title(lua_State *L, int fn, int rank, int nprocs) {
-  char script[200], title[256];
-  int len;
-  script_name(L, fn, script, sizeof script);
-  len = snprintf(title, sizeof title, "lua worker %d/%d (%s)", rank, nprocs,
-                 script);
-  if (len < 0) return;
-  if ((size_t)len >= sizeof title) len = (int)sizeof title - 1;
-  mp_title_set(L, title, (size_t)len);
+  char title[256];
+  const char *end = title + sizeof title;
+  char *p = add_text(title, end, "lua worker ");
+  p = add_int(p, end, rank);
+  p = add_text(p, end, "/");
+  p = add_int(p, end, nprocs);
+  p = add_text(p, end, " (");
+  p = add_script_name(L, fn, p, end);
+  p = add_text(p, end, ")");
+  mp_title_set(L, title, (size_t)(p - title));
 }
 
 void mp_worker_run(lua_State *L, int fn, int args, int rank, int nprocs,
@@ -600,10 +634,10 @@ void mp_worker_run(lua_State *L, int fn, int args, int rank, int nprocs,
   fn = lua_absindex(L, fn);
   args = lua_absindex(L, args);
   set_default_title(L, fn, rank, nprocs);
-  push_identity(L, 0);
-  lua_pushinteger(L, rank);
-  lua_setfield(L, -2, "rank");
-  lua_pop(L, 1);
+  lua_getfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY);  /* id */
+  lua_pushinteger(L, rank);                           /* id rank */
+  lua_setfield(L, -2, "rank");                        /* id */
+  lua_pop(L, 1);                                      /* */
   watch_exit(to, rank, d->self, d->records);
   mp_sharing_worker(L, d->parent);
   ledger = mp_reports_ledger_mark(to, rank);
