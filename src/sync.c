@@ -50,11 +50,17 @@
 ** gone or a zombie: a proxy is alive while its process runs, and a pid
 ** reused by another process has another start time. */
 static uint64_t proc_born(pid_t pid) {
-  char path[32], buf[512], *p;
+  char path[32] = "", buf[512], *p, *q;
+  const char *end, *digits;
   unsigned long long born = 0;
   int fd, i;
   ssize_t n;
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  /* no printf nor scanf: a fork that attaches a channel comes here, and
+  ** their machinery would be pages it faults in (sys.h) */
+  end = path + sizeof path - 1;
+  q = mp_add_text(path, end, "/proc/");
+  q = mp_add_int(q, end, (long)pid);
+  *mp_add_text(q, end, "/stat") = '\0';
   if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) return 0;
   n = read(fd, buf, sizeof buf - 1);
   close(fd);
@@ -67,7 +73,9 @@ static uint64_t proc_born(pid_t pid) {
     p = strchr(p, ' ');
     if (p) p++;
   }
-  if (p == NULL || sscanf(p, "%llu", &born) != 1) return 0;
+  if (p == NULL) return 0;
+  digits = p;
+  if (!mp_read_uint(&digits, &born)) return 0;
   return born ? (uint64_t)born : 1;
 }
 

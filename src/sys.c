@@ -32,3 +32,28 @@ void mp_mark_set(const mp_Mark *m) {
   else if (m->fd >= 0)
     (void)!pwrite(m->fd, &one, sizeof one, m->at);
 }
+
+char *mp_add_text(char *p, const char *end, const char *s) {
+  while (*s != '\0' && p < end) *p++ = *s++;
+  return p;
+}
+
+char *mp_add_int(char *p, const char *end, long v) {
+  char digits[24];
+  int n = 0;
+  unsigned long u = v < 0 ? 0UL - (unsigned long)v : (unsigned long)v;
+  do digits[n++] = (char)('0' + u % 10); while ((u /= 10) != 0);
+  if (v < 0 && p < end) *p++ = '-';
+  while (n > 0 && p < end) *p++ = digits[--n];
+  return p;
+}
+
+int mp_read_uint(const char **p, unsigned long long *v) {
+  const char *q = *p;
+  unsigned long long u = 0;
+  if (*q < '0' || *q > '9') return 0;
+  while (*q >= '0' && *q <= '9') u = u * 10 + (unsigned long long)(*q++ - '0');
+  *p = q;
+  *v = u;
+  return 1;
+}

@@ -13,6 +13,16 @@
 double mp_now(void);                               /* CLOCK_MONOTONIC seconds */
 int    mp_write_all(int fd, const char *p, size_t n);  /* 0 or errno */
 
+/* Text made without the printf family (nor scanf): in a fork, their
+** machinery is some ten pages of libc's code and tables the child has not
+** touched yet, each a page fault (20-60 us on a VM) to write or read a
+** number.  The appenders append what fits before 'end' and return where
+** the text goes on; mp_read_uint reads the decimal digits at *p (at least
+** one), moves *p past them and returns 1, or returns 0. */
+char  *mp_add_text(char *p, const char *end, const char *s);
+char  *mp_add_int(char *p, const char *end, long v);
+int    mp_read_uint(const char **p, unsigned long long *v);
+
 /* A mark: one word of shared memory that a process sets to 1, through a
 ** mapping when it has one ('word'), else with pwrite at 'at' in 'fd' (a
 ** report memfd's table of marks, reports.c).  Setting is

@@ -81,25 +81,6 @@ int mp_lifeline_create(int lifeline[2]) {
   return 0;
 }
 
-/* Text made without the printf family: in a fork, its machinery is some
-** ten pages of libc's code and tables the child has not touched yet, each
-** a page fault (20-60 us on a VM) to write a number.  Each appends what
-** fits before 'end' and returns where the text goes on. */
-static char *add_text(char *p, const char *end, const char *s) {
-  while (*s != '\0' && p < end) *p++ = *s++;
-  return p;
-}
-
-static char *add_int(char *p, const char *end, long v) {
-  char digits[24];
-  int n = 0;
-  unsigned long u = v < 0 ? 0UL - (unsigned long)v : (unsigned long)v;
-  do digits[n++] = (char)('0' + u % 10); while ((u /= 10) != 0);
-  if (v < 0 && p < end) *p++ = '-';
-  while (n > 0 && p < end) *p++ = digits[--n];
-  return p;
-}
-
 /* 1 when the lifeline will SIGKILL our group ('self' is its id).  Our
 ** own open file of the pipe, opened through the inherited read end
 ** 'lifeline', is armed, then placed: at 'slot' when it is a fork's copy of
@@ -108,13 +89,14 @@ static char *add_int(char *p, const char *end, long v) {
 ** else (slot -1, a fresh worker) moved high, the inherited one closed. */
 static int hold_lifeline(int lifeline, int slot, pid_t self) {
   char path[64];
+  const char *end;
   int fd, ok;
   if (lifeline < 0) {
     if (slot >= 0) close(slot);  /* only the parent may hold the write end */
     return 0;
   }
-  *add_int(add_text(path, path + sizeof path - 1, "/proc/self/fd/"),
-           path + sizeof path - 1, lifeline) = '\0';
+  end = path + sizeof path - 1;
+  *mp_add_int(mp_add_text(path, end, "/proc/self/fd/"), end, lifeline) = '\0';
   fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   ok = fd >= 0 && fcntl(fd, F_SETSIG, SIGKILL) == 0 &&
        fcntl(fd, F_SETOWN, -self) == 0 &&
@@ -603,11 +585,11 @@ static char *add_script_name(lua_State *L, int fn, char *p, const char *end) {
   lua_Debug ar;
   if (lua_getglobal(L, "arg") == LUA_TTABLE &&        /* arg */
       lua_rawgeti(L, -1, 0) == LUA_TSTRING) {         /* arg script */
-    p = add_text(p, end, lua_tostring(L, -1));
+    p = mp_add_text(p, end, lua_tostring(L, -1));
   } else {
     lua_settop(L, top);                               /* */
     lua_pushvalue(L, fn);                             /* fn */
-    p = add_text(p, end, lua_getinfo(L, ">S", &ar) ? ar.short_src : "?");
+    p = mp_add_text(p, end, lua_getinfo(L, ">S", &ar) ? ar.short_src : "?");
   }
   lua_settop(L, top);                                 /* */
   return p;
@@ -617,13 +599,13 @@ static char *add_script_name(lua_State *L, int fn, char *p, const char *end) {
 static void set_default_title(lua_State *L, int fn, int rank, int nprocs) {
   char title[256];
   const char *end = title + sizeof title;
-  char *p = add_text(title, end, "lua worker ");
-  p = add_int(p, end, rank);
-  p = add_text(p, end, "/");
-  p = add_int(p, end, nprocs);
-  p = add_text(p, end, " (");
+  char *p = mp_add_text(title, end, "lua worker ");
+  p = mp_add_int(p, end, rank);
+  p = mp_add_text(p, end, "/");
+  p = mp_add_int(p, end, nprocs);
+  p = mp_add_text(p, end, " (");
   p = add_script_name(L, fn, p, end);
-  p = add_text(p, end, ")");
+  p = mp_add_text(p, end, ")");
   mp_title_set(L, title, (size_t)(p - title));
 }
 

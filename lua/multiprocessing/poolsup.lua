@@ -61,10 +61,16 @@ end
 function M.start(pool)
   local mp = require "multiprocessing"
   local n = pool.processes
-  for slot = 1, n do pool.cur:set(slot, 0) end
+  -- each slot's title made here: a worker that turned its slot into text
+  -- would run printf's machinery, pages of libc a fork faults in one by one
+  local titles = {}
+  for slot = 1, n do
+    pool.cur:set(slot, 0)
+    titles[slot] = ("pool worker %d (%s)"):format(slot, pool.script)
+  end
   pool.ctx = mp.start_processes(W.worker, { {
       tasks = pool.tasks, results = pool.results, board = pool.cur,
-      title = { "pool worker ", (" (%s)"):format(pool.script) },
+      title = titles,
       maxtasks = pool.maxtasks, initializer = pool.initializer,
       initargs = pool.initargs } }, n, false, false, pool.start_method)
   local pids = pool.ctx:pids()

@@ -163,8 +163,8 @@ end
 --- The body of a pool worker (a module function: it crosses by reference),
 -- rank 'rank' of the pool's one context, configured by one table
 -- (poolsup.start): { tasks = the pool's task Queue, results = its result
--- Queue, board = its board (word rank + 1 is this worker's), title = its
--- process title's two parts around the slot, maxtasks, initializer,
+-- Queue, board = its board (word rank + 1 is this worker's), title = the
+-- process title of each slot, maxtasks, initializer,
 -- initargs }.
 -- Every worker takes from the one task Queue: a message goes to whichever
 -- is ready first, and each message carries the functions it needs.
@@ -174,7 +174,7 @@ function M.worker(rank, cfg)
   local slot = rank + 1
   tasks:_functions()
   -- what ps, pgrep -f and top show (COMMON interface 4)
-  core._set_title(cfg.title[1] .. slot .. cfg.title[2])
+  core._set_title(cfg.title[slot])
   local mark = cfg.board:marker(slot)
   if init then
     local ok, e = xpcall(init, function(e)
