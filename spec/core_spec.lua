@@ -42,8 +42,10 @@ for _, method in ipairs(H.methods) do
       assert.are.same({ true, true, true, 2000 }, start(probe, {}, 1, true, true)[1])
       collectgarbage("stop")
       local ok, r = pcall(start, probe, {}, 1)
+      local parent_running = collectgarbage("isrunning")
       collectgarbage("restart")
       assert.is_true(ok, r)
+      assert.is_false(parent_running)   -- a start does not collect for it
       -- a fork has the parent's collector; spawn and forkserver their own
       assert.are.same({ method ~= "fork", true, false, 2000 }, r[1])
       assert.is_true(collectgarbage("isrunning"))
