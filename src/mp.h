@@ -380,7 +380,8 @@ int  mp_lifeline_create(int lifeline[2]);
 /* What a worker knows of itself (mp.current_process): a registry table
 ** {rank=, daemon=}; none in a process that is not a worker. */
 #define MP_WORKER_KEY "multiprocessing.worker"
-/* Before mp_worker_run: the worker's context is daemonic or not. */
+/* Before mp_worker_run (which sets the rank in it): the worker's identity
+** table, its context daemonic or not. */
 void mp_worker_daemon(lua_State *L, int daemon);
 /* The same in two steps, for forks: the parent pushes the identity table
 ** (rank 0) before it forks, and each child takes the table at 'idx' as its

@@ -616,9 +616,11 @@ void mp_worker_run(lua_State *L, int fn, int args, int rank, int nprocs,
   fn = lua_absindex(L, fn);
   args = lua_absindex(L, args);
   set_default_title(L, fn, rank, nprocs);
-  lua_getfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY);  /* id */
-  lua_pushinteger(L, rank);                           /* id rank */
-  lua_setfield(L, -2, "rank");                        /* id */
+  /* the identity table: mp_worker_daemon's or mp_worker_identity's */
+  if (lua_getfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY) == LUA_TTABLE) {
+    lua_pushinteger(L, rank);                         /* id rank */
+    lua_setfield(L, -2, "rank");                      /* id */
+  }
   lua_pop(L, 1);                                      /* */
   watch_exit(to, rank, d->self, d->records);
   mp_sharing_worker(L, d->parent);
