@@ -306,6 +306,11 @@ end
 local function rank_main(_, job)
   local mpcore = require "multiprocessing.core"
   mpcore._set_title(job.title)   -- what ps and top show
+  -- by its file, as the core was loaded: no search of package.path and
+  -- package.cpath (a dozen failed opens in every rank); searched only if
+  -- that file cannot be loaded
+  package.preload["multiprocessing.launcher"] =
+    job.launcher and package.loadlib(job.launcher, "luaopen_multiprocessing_launcher")
   local c = require "multiprocessing.launcher"
   c._rank_stdio(job.stdin, job.stdout, job.stderr, job.linebuf)
   c._nofile(job.nofile)   -- the limit mprun was given, not the one it raised
@@ -481,7 +486,7 @@ function Run:start(rank)
   local job = {
     env = self:env(rank), program = o.program, script = o.script,
     code = o.code, args = o.args, arg = self.arg, linebuf = self.linebuf,
-    nofile = self.nofile,
+    nofile = self.nofile, launcher = self.launcher,
     title = ("mprun[%d/%d] %s"):format(rank.global, o.node.group_world_size * o.nprocs,
                                        self.what),
   }
@@ -887,6 +892,7 @@ function M.run(o)
   local S = core.signals
   self.sigfd = launcher._signalfd(S.SIGINT, S.SIGTERM, S.SIGHUP, S.SIGPIPE)
   self.nofile = launcher._nofile()   -- each rank costs mprun about 7 descriptors
+  self.launcher = launcher._path()   -- the ranks load it from there
   self.relay = launcher._relay(1, 2, 2)
   for r = 0, o.nprocs - 1 do
     self.ranks[r + 1] = { r = r, global = o.first_rank + r, restarts = 0, state = "running",

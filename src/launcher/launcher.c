@@ -6,6 +6,7 @@
 ** Descriptors are returned as the core's Fd objects, so that they cross to
 ** workers through the core's codec.
 */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -256,7 +257,27 @@ static int l_executable(lua_State *L) {
   return 3;
 }
 
+/* --- the module ---------------------------------------------------------- */
+
 LUAMOD_API int luaopen_multiprocessing_launcher(lua_State *L);
+
+/* _path() -> the absolute path of the file this module was loaded from,
+** or nil: mprun hands it to its ranks, which load it by that path
+** (package.loadlib) instead of searching package.path and package.cpath
+** for it, a dozen failed opens in every rank.  A function, not a field:
+** the ranks that load the module need not resolve it. */
+static int l_path(lua_State *L) {
+  Dl_info info;
+  char *real;
+  if (dladdr((void *)(size_t)luaopen_multiprocessing_launcher, &info) == 0 ||
+      info.dli_fname == NULL || (real = realpath(info.dli_fname, NULL)) == NULL) {
+    lua_pushnil(L);
+    return 1;
+  }
+  lua_pushstring(L, real);
+  free(real);
+  return 1;
+}
 
 __attribute__((visibility("default")))
 int luaopen_multiprocessing_launcher(lua_State *L) {
@@ -264,7 +285,7 @@ int luaopen_multiprocessing_launcher(lua_State *L) {
     {"_pipe", l_pipe}, {"_open", l_open}, {"_makedirs", l_makedirs},
     {"_opendir", l_opendir}, {"_subdir", l_subdir}, {"_create", l_create},
     {"_write", l_write}, {"_signalfd", l_signalfd}, {"_nofile", l_nofile},
-    {"_executable", l_executable}, {NULL, NULL}
+    {"_executable", l_executable}, {"_path", l_path}, {NULL, NULL}
   };
   lua_getglobal(L, "require");                      /* require */
   lua_pushliteral(L, "multiprocessing.core");
