@@ -12,9 +12,12 @@
 --
 --   M.main(argv) -> never returns (os.exit with mprun's status)
 --   M.parse(argv) -> options, or nil, usage message
+
+-- The core itself, not the multiprocessing module: what mprun uses of it
+-- is the core's, and compiling the rest (init.lua, process.lua) would
+-- delay every run's first rank.
 local core = require "multiprocessing.core"
 local launcher = require "multiprocessing.launcher"
-local mp = require "multiprocessing"
 local cluster = require "multiprocessing.cluster"
 local world = require "multiprocessing.world"
 
@@ -332,7 +335,7 @@ end
 -- The interpreter is named as mprun's own was (o.interpreter), else by
 -- its path.
 local function lua_arg(o)
-  local exe = o.interpreter or mp.get_executable()
+  local exe = o.interpreter or core.get_executable()
   if o.script then
     local t = { [-1] = exe, [0] = o.script }
     table.move(o.args, 1, #o.args, 1, t)
@@ -496,7 +499,7 @@ function Run:start(rank)
     job.stdout = self:stream(rank, 1)
     job.stderr = self:stream(rank, 2)
     -- through pcall: the core's message without a position of ours
-    local started, c = pcall(mp.start_processes, rank_main, { job }, 1, false, false,
+    local started, c = pcall(core.start_processes, rank_main, { job }, 1, false, false,
                              o.start_method)
     if not started then error(c, 0) end
     local fine, fd = pcall(c.fileno, c)
@@ -574,7 +577,7 @@ local function failure_of(rank, e, timeout)
   else
     f.exit_code = code or 1
   end
-  if mp.isinstance(e, mp.ProcessRaisedException) then
+  if core.isinstance(e, core.ProcessRaisedException) then
     f.traceback = tostring(e.msg):gsub("^%s*%-%- Process %d+ terminated with the following error:\n", "")
     f.message = type(e.message) == "string" and e.message or nil
   elseif type(e) ~= "userdata" then
