@@ -150,6 +150,61 @@ static int child_main(void *arg) {
   return 127;
 }
 
+/* The child's stack, one per Lua state (kept in its registry) and reused
+** by every launch: the child runs on it only until its exec, while the
+** launching thread waits (CLONE_VFORK), so one launch at a time uses it.
+** A stack mapped afresh for each launch cost every worker a first-touch
+** page fault, an mmap and an munmap (whose TLB flush must also reach the
+** CPU the child ran on, with our memory). */
+#define STACK_KEY "multiprocessing.launch_stack"
+
+static int stack_gc(lua_State *L) {
+  void **stack = lua_touserdata(L, 1);
+  if (*stack != NULL) munmap(*stack, STACK_SIZE);
+  *stack = NULL;
+  return 0;
+}
+
+/* Maps the stack and registers it; through lua_pcall, so that a memory
+** error is a failed launch, not an error raised in the middle of one. */
+static int new_stack(lua_State *L) {
+  void **stack = lua_newuserdatauv(L, sizeof *stack, 0);  /* holder */
+  *stack = NULL;
+  lua_createtable(L, 0, 1);                               /* holder mt */
+  lua_pushcfunction(L, stack_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_setmetatable(L, -2);                                /* holder */
+  *stack = mmap(NULL, STACK_SIZE, PROT_READ | PROT_WRITE,
+                MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (*stack == MAP_FAILED) {
+    lua_pushinteger(L, errno);
+    *stack = NULL;
+    return lua_error(L);
+  }
+  lua_setfield(L, LUA_REGISTRYINDEX, STACK_KEY);          /* */
+  return 0;
+}
+
+/* The state's stack for a child, or NULL (errno set). */
+static void *launch_stack(lua_State *L) {
+  void *stack = NULL;
+  int err = ENOMEM;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, STACK_KEY) != LUA_TUSERDATA) {
+    lua_pop(L, 1);                                        /* */
+    lua_pushcfunction(L, new_stack);
+    if (lua_pcall(L, 0, 0, 0) != LUA_OK) {                /* errno|msg */
+      if (lua_isinteger(L, -1)) err = (int)lua_tointeger(L, -1);
+      lua_pop(L, 1);
+      errno = err;
+      return NULL;
+    }
+    lua_getfield(L, LUA_REGISTRYINDEX, STACK_KEY);        /* holder */
+  }
+  stack = *(void **)lua_touserdata(L, -1);
+  lua_pop(L, 1);                                          /* */
+  return stack;
+}
+
 /* Waits for a child that failed before exec (it exits at once). */
 static void reap_failed(pid_t pid, int pidfd) {
   siginfo_t si;
@@ -175,9 +230,8 @@ int mp_launch(lua_State *L, const char *exe, char *const argv[],
   c.fds = fds;
   c.nfds = nfds;
   c.err = 0;
-  stack = mmap(NULL, STACK_SIZE, PROT_READ | PROT_WRITE,
-               MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-  if (stack == MAP_FAILED) return mp_push_errno(L, "mmap", errno);
+  stack = launch_stack(L);
+  if (stack == NULL) return mp_push_errno(L, "mmap", errno);
   /* No handler of ours may run in the child before it resets them. */
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -186,7 +240,6 @@ int mp_launch(lua_State *L, const char *exe, char *const argv[],
                &c, pidfd);
   err = *pid < 0 ? errno : 0;
   pthread_sigmask(SIG_SETMASK, &old, NULL);
-  munmap(stack, STACK_SIZE);
   errno = saved_errno;  /* the child wrote it */
   if (err != 0) {
     *pid = 0;
