@@ -42,38 +42,53 @@ static int is_stock_interpreter(const char *path) {
   return *base == '\0';
 }
 
+/* Both paths below are the same for the whole life of the process: each
+** is found once per state and kept in the registry, not found again (a
+** realpath is a readlink per component) for every worker started. */
+#define CORE_PATH_KEY "multiprocessing.core_path"
+#define DEFAULT_EXE_KEY "multiprocessing.default_executable"
+
 /* Pushes the absolute path of the file that holds this code (core.so). */
 static void push_core_path(lua_State *L) {
   Dl_info info;
   char *real;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, CORE_PATH_KEY) == LUA_TSTRING)
+    return;                                           /* core */
+  lua_pop(L, 1);                                      /* */
   if (dladdr((void *)(size_t)push_core_path, &info) == 0 ||
       info.dli_fname == NULL) {
     lua_pushliteral(L, "");
     return;
   }
   real = realpath(info.dli_fname, NULL);
-  lua_pushstring(L, real ? real : info.dli_fname);
+  lua_pushstring(L, real ? real : info.dli_fname);    /* core */
   free(real);
+  lua_pushvalue(L, -1);                               /* core core */
+  lua_setfield(L, LUA_REGISTRYINDEX, CORE_PATH_KEY);  /* core */
 }
 
 static void push_default_executable(lua_State *L) {
   char self[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  ssize_t n;
   const char *core, *slash;
-  if (n > 0) {
-    self[n] = '\0';
-    if (is_stock_interpreter(self)) {
-      lua_pushstring(L, self);                        /* exe */
-      return;
-    }
+  if (lua_getfield(L, LUA_REGISTRYINDEX, DEFAULT_EXE_KEY) == LUA_TSTRING)
+    return;                                           /* exe */
+  lua_pop(L, 1);                                      /* */
+  n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) self[n] = '\0';
+  if (n > 0 && is_stock_interpreter(self)) {
+    lua_pushstring(L, self);                          /* exe */
+  } else {
+    push_core_path(L);                                /* core */
+    core = lua_tostring(L, -1);
+    slash = strrchr(core, '/');
+    lua_pushlstring(L, core, slash ? (size_t)(slash - core + 1) : 0);
+    lua_pushliteral(L, WORKER_NAME);                  /* core dir name */
+    lua_concat(L, 2);                                 /* core exe */
+    lua_remove(L, -2);                                /* exe */
   }
-  push_core_path(L);                                  /* core */
-  core = lua_tostring(L, -1);
-  slash = strrchr(core, '/');
-  lua_pushlstring(L, core, slash ? (size_t)(slash - core + 1) : 0);
-  lua_pushliteral(L, WORKER_NAME);                    /* core dir name */
-  lua_concat(L, 2);                                   /* core exe */
-  lua_remove(L, -2);                                  /* exe */
+  lua_pushvalue(L, -1);                               /* exe exe */
+  lua_setfield(L, LUA_REGISTRYINDEX, DEFAULT_EXE_KEY); /* exe */
 }
 
 const char *mp_push_executable(lua_State *L) {
