@@ -31,7 +31,7 @@ static int l_pipe(lua_State *L) {
     lua_pushfstring(L, "cannot make a pipe: %s", strerror(errno));
     return lua_error(L);
   }
-  fcntl(p[0], F_SETFL, fcntl(p[0], F_GETFL) | O_NONBLOCK);
+  fcntl(p[0], F_SETFL, O_NONBLOCK);  /* a new read end has no other flag */
   fcntl(p[0], F_SETPIPE_SZ, PIPE_SIZE);  /* fewer wake-ups; may be refused */
   if (lnc_wrap_fd(L, p[1]) != LUA_OK) {    /* the write end first: no leak */
     close(p[0]);
