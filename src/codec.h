@@ -96,12 +96,13 @@ int mp_decode_into(lua_State *L, int into, const char *data, size_t size,
 
 /* mp_decode_into ('into' may be 0: the first table is a new one), but once
 ** the first 'after' array items of the message's first table (when it has
-** no metatable) are in it, where(L, t, ud, count, &shift) is called with the table at stack
-** index t and the count of the later items, and may push another table
-** (and return 1): the later items go there, item i into index i + shift,
-** as they are read; or push nothing (and return 0): they go into t.  A
-** receiver that moves the items of each message into one big table (the
-** Pool's results) is spared the move, and the emptying of t after it. */
+** no metatable) are in it, where(L, t, ud, count, &shift) is called with
+** that table at stack index t and the count of its later items, and may
+** push another table (and return 1): the later items go there, item i
+** into index i + shift, as they are read; or push nothing (and return 0):
+** they go into t.  A receiver that moves the items of each message into
+** one big table (the Pool's results) is spared the move, and the emptying
+** of t after it. */
 typedef struct mp_Spill {
   int after;
   int (*where)(lua_State *L, int t, void *ud, lua_Integer count,

@@ -13,7 +13,6 @@
 ** the start fails naming it, instead of "succeeding" with a program that
 ** does something else.
 */
-#include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
@@ -50,18 +49,17 @@ static int is_stock_interpreter(const char *path) {
 
 /* Pushes the absolute path of the file that holds this code (core.so). */
 static void push_core_path(lua_State *L) {
-  Dl_info info;
+  const char *name;
   char *real;
   if (lua_getfield(L, LUA_REGISTRYINDEX, CORE_PATH_KEY) == LUA_TSTRING)
     return;                                           /* core */
   lua_pop(L, 1);                                      /* */
-  if (dladdr((void *)(size_t)push_core_path, &info) == 0 ||
-      info.dli_fname == NULL) {
+  real = mp_file_of((const void *)(size_t)push_core_path, &name);
+  if (name == NULL) {
     lua_pushliteral(L, "");
     return;
   }
-  real = realpath(info.dli_fname, NULL);
-  lua_pushstring(L, real ? real : info.dli_fname);    /* core */
+  lua_pushstring(L, real ? real : name);              /* core */
   free(real);
   lua_pushvalue(L, -1);                               /* core core */
   lua_setfield(L, LUA_REGISTRYINDEX, CORE_PATH_KEY);  /* core */

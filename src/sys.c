@@ -1,7 +1,10 @@
 /*
-** sys.c -- the clock, whole writes and marks (sys.h).
+** sys.c -- the clock, whole writes, marks, text without printf and the
+** file a module was loaded from (sys.h).
 */
+#include <dlfcn.h>
 #include <errno.h>
+#include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -56,4 +59,12 @@ int mp_read_uint(const char **p, unsigned long long *v) {
   *p = q;
   *v = u;
   return 1;
+}
+
+char *mp_file_of(const void *code, const char **name) {
+  Dl_info info;
+  *name = NULL;
+  if (dladdr(code, &info) == 0 || info.dli_fname == NULL) return NULL;
+  *name = info.dli_fname;
+  return realpath(info.dli_fname, NULL);
 }

@@ -23,6 +23,12 @@ char  *mp_add_text(char *p, const char *end, const char *s);
 char  *mp_add_int(char *p, const char *end, long v);
 int    mp_read_uint(const char **p, unsigned long long *v);
 
+/* The absolute path of the loaded file (a module) that holds the code at
+** 'code', as realpath gives it (the caller frees it), or NULL; *name is
+** the path the dynamic linker loaded that file by, or NULL when it knows
+** none. */
+char  *mp_file_of(const void *code, const char **name);
+
 /* A mark: one word of shared memory that a process sets to 1, through a
 ** mapping when it has one ('word'), else with pwrite at 'at' in 'fd' (a
 ** report memfd's table of marks, reports.c).  Setting is

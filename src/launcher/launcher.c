@@ -6,7 +6,6 @@
 ** Descriptors are returned as the core's Fd objects, so that they cross to
 ** workers through the core's codec.
 */
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -267,14 +266,11 @@ LUAMOD_API int luaopen_multiprocessing_launcher(lua_State *L);
 ** for it, a dozen failed opens in every rank.  A function, not a field:
 ** the ranks that load the module need not resolve it. */
 static int l_path(lua_State *L) {
-  Dl_info info;
-  char *real;
-  if (dladdr((void *)(size_t)luaopen_multiprocessing_launcher, &info) == 0 ||
-      info.dli_fname == NULL || (real = realpath(info.dli_fname, NULL)) == NULL) {
-    lua_pushnil(L);
-    return 1;
-  }
-  lua_pushstring(L, real);
+  const char *name;
+  char *real = mp_file_of((const void *)(size_t)luaopen_multiprocessing_launcher,
+                          &name);
+  if (real == NULL) lua_pushnil(L);
+  else lua_pushstring(L, real);
   free(real);
   return 1;
 }
