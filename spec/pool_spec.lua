@@ -321,6 +321,54 @@ for _, method in ipairs(H.methods) do
       assert.matches("ecb failed", cberr)
     end)
 
+    it("failures inside one big message: every other item's result, in map and starmap", function()
+      local pool <close> = mp.Pool(2, { start_method = method })
+      local function f(x) if x % 7 == 3 then error("bad " .. x) end return x * 2 end
+      local list = {}
+      for i = 1, 60 do list[i] = i end
+      local r = pool:map(f, list, { chunksize = 60, outcomes = true })
+      for i = 1, 60 do
+        if i % 7 == 3 then
+          assert.is_false(r[i].ok)
+          assert.are.equal(i, r[i].error.task)
+          assert.matches("bad " .. i, r[i].error.msg)
+        else
+          assert.are.same({ ok = true, value = 2 * i }, r[i])
+        end
+      end
+      -- starmap: flat lists, lists with holes and n, lists with a metatable
+      -- (these cross as they are), a failure among them
+      local stars, want = {}, {}
+      for i = 1, 40 do
+        if i % 5 == 0 then stars[i] = setmetatable({ i, i, n = 2 }, {})
+        elseif i % 4 == 0 then stars[i] = { i, nil, i, n = 3 }
+        else stars[i] = { i, i + 1 } end
+        local t = stars[i]
+        want[i] = t[1] + (t[2] or 0) + (t[3] or 0)
+      end
+      local function g(a, b, c)
+        if a == 13 or a == 20 then error({ code = a }) end
+        return a + (b or 0) + (c or 0)
+      end
+      r = pool:starmap(g, stars, { chunksize = 40, outcomes = true })
+      for i = 1, 40 do
+        if i == 13 or i == 20 then
+          assert.is_false(r[i].ok)
+          assert.are.equal(i, r[i].error.value.code)
+        else
+          assert.are.same({ ok = true, value = want[i] }, r[i])
+        end
+      end
+      -- a C function as the task: its frame is the user's, not the pool's
+      local ok, e = pcall(pool.map, pool, tostring,
+                          { 1, setmetatable({}, { __tostring = function() error("no text") end }) })
+      assert.is_false(ok)
+      assert.are.equal(2, e.task)
+      assert.matches("in function 'tostring'", e.msg)
+      assert.is_nil(e.msg:find("_run_items", 1, true))
+      assert.is_nil(e.msg:find("poolworker", 1, true))
+    end)
+
     it("a task that raises: traceback, e.task, e.value; the pool keeps working", function()
       local pool <close> = mp.Pool(2, { start_method = method })
       local function check(x)

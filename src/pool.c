@@ -18,6 +18,7 @@
 ** when a worker ends, which no result would tell.
 */
 #include <errno.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -78,17 +79,108 @@ static int board_set(lua_State *L) {
 static int marker(lua_State *L) {
   Board *b = (Board *)lua_touserdata(L, lua_upvalueindex(1));
   lua_Integer i = lua_tointeger(L, lua_upvalueindex(2));
-  if (b->seg.base != NULL)
-    __atomic_store_n((int64_t *)(void *)b->seg.base + (i - 1),
-                     (int64_t)luaL_checkinteger(L, 1), __ATOMIC_RELAXED);
+  int64_t *w;
+  if (b->seg.base == NULL) return 0;          /* closed: nothing to mark */
+  w = (int64_t *)(void *)b->seg.base + (i - 1);
+  if (lua_isnone(L, 1)) {                     /* mark() reads the word */
+    lua_pushinteger(L, __atomic_load_n(w, __ATOMIC_RELAXED));
+    return 1;
+  }
+  __atomic_store_n(w, (int64_t)luaL_checkinteger(L, 1), __ATOMIC_RELAXED);
   return 0;
 }
 
-/* board:marker(i) -> function(v) that writes v into word i */
+/* board:marker(i) -> function([v]): writes v into word i, or (no v)
+** returns it */
 static int board_marker(lua_State *L) {
   board_word(L, 1, 2);
   lua_settop(L, 2);
   lua_pushcclosure(L, marker, 2);
+  return 1;
+}
+
+/* The word the marker at 'idx' writes.  Raises when the function is not a
+** board's marker, or its board is closed. */
+static int64_t *marker_word(lua_State *L, int idx) {
+  Board *b;
+  lua_Integer i;
+  luaL_argexpected(L, lua_tocfunction(L, idx) == marker, idx, "board marker");
+  lua_getupvalue(L, idx, 1);                      /* ... board */
+  lua_getupvalue(L, idx, 2);                      /* ... board i */
+  b = (Board *)lua_touserdata(L, -2);
+  i = lua_tointeger(L, -1);
+  lua_pop(L, 2);                                  /* ... */
+  if (b->seg.base == NULL) luaL_error(L, "attempt to use a closed board");
+  return (int64_t *)(void *)b->seg.base + (i - 1);
+}
+
+/* How many values table.unpack(list, 1, list.n or #list) gives, for the
+** list at 'list'. */
+static lua_Integer unpack_count(lua_State *L, int list) {
+  lua_Integer c;
+  int isint = 1;
+  if (lua_getfield(L, list, "n") == LUA_TNIL)     /* ... n */
+    c = luaL_len(L, list);
+  else c = lua_tointegerx(L, -1, &isint);
+  if (!isint) luaL_error(L, "bad argument #3 to 'unpack' (number expected, "
+                            "got %s)", luaL_typename(L, -1));
+  lua_pop(L, 1);                                  /* ... */
+  return c < 0 ? 0 : c;
+}
+
+/* Pushes the arguments of the next item of a starmap message at 'msg',
+** from msg[*p] on: a count c and c values, or -1 and a list as it was
+** (codec.c's encode_args); moves *p past them; returns their number. */
+static int push_star_args(lua_State *L, int msg, lua_Integer *p) {
+  lua_Integer at = *p, c, k;
+  int list = 0;
+  lua_rawgeti(L, msg, at);                        /* ... c */
+  c = lua_tointeger(L, -1);
+  lua_pop(L, 1);                                  /* ... */
+  if (c >= 0) *p = at + 1 + c;
+  else {
+    lua_rawgeti(L, msg, at + 1);                  /* ... list */
+    list = lua_gettop(L);
+    c = unpack_count(L, list);
+    *p = at + 2;
+  }
+  if (c >= INT_MAX || !lua_checkstack(L, (int)c))
+    luaL_error(L, "too many results to unpack");
+  for (k = 1; k <= c; k++) {                      /* ... [list] args */
+    if (list) lua_geti(L, list, k);
+    else lua_rawgeti(L, msg, at + k);
+  }
+  if (list) lua_remove(L, list);                  /* ... args */
+  return (int)c;
+}
+
+/* _run_items(mark, base, fn, msg, from, to, out, off [, p]) -> p
+** A Pool worker's loop over the items from..to of a task message (see
+** poolworker.lua): before item i, the marker's word is set to base + i;
+** then out[i + off] = fn(msg[4 + i]), or, with p, fn(args) of the flat
+** argument lists from msg[p] on.  Returns where the next item's list
+** starts (with p).  In C because a marker called from Lua per item cost
+** as much as the loop itself.  A task's error goes through: the item that
+** raised it is the one its word holds. */
+static int l_run_items(lua_State *L) {
+  int64_t *word = marker_word(L, 1);
+  lua_Integer base = luaL_checkinteger(L, 2);
+  lua_Integer from = luaL_checkinteger(L, 5), to = luaL_checkinteger(L, 6);
+  lua_Integer off = luaL_checkinteger(L, 8), p = luaL_optinteger(L, 9, 0);
+  lua_Integer i;
+  luaL_checktype(L, 4, LUA_TTABLE);
+  luaL_checktype(L, 7, LUA_TTABLE);
+  lua_settop(L, 9);
+  for (i = from; i <= to; i++) {
+    int nargs = 1;
+    __atomic_store_n(word, (int64_t)(base + i), __ATOMIC_RELAXED);
+    lua_pushvalue(L, 3);                          /* ... fn */
+    if (p > 0) nargs = push_star_args(L, 4, &p);  /* ... fn args */
+    else lua_rawgeti(L, 4, 4 + i);                /* ... fn arg */
+    lua_call(L, nargs, 1);                        /* ... result */
+    lua_rawseti(L, 7, i + off);                   /* ... */
+  }
+  lua_pushinteger(L, p);
   return 1;
 }
 
@@ -311,7 +403,7 @@ void mp_open_pool(lua_State *L) {
   static const luaL_Reg funcs[] = {
     {"_waiter", l_waiter},
     {"_exception", l_exception}, {"_plain", l_plain}, {"_board", l_board},
-    {"_clear", l_clear},
+    {"_clear", l_clear}, {"_run_items", l_run_items},
     {"_check_sendable", l_check_sendable},
     {"_nofile_at_least", l_nofile_at_least},
     {NULL, NULL}

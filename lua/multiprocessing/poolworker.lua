@@ -5,7 +5,7 @@ local core = require "multiprocessing.core"
 
 local M = {}
 
-local now, clear = core._now, core._clear
+local now, clear, run_items = core._now, core._clear, core._run_items
 local unpack, min = table.unpack, math.min
 local pcall, type = pcall, type
 
@@ -28,26 +28,29 @@ local function global_name(fn)
 end
 
 -- How the traceback names the user's function, which the pool's loop calls
--- through its own locals ('task', 'fns[...]'): as Lua would name it, by
--- its global name or by where it is defined.
+-- through its own locals ('task', 'fns[...]') or its C loop: as Lua would
+-- name it, by its global name or by where it is defined.
 local function user_frame_name(level)
-  while true do
-    local info = debug.getinfo(level + 1, "S")
-    if not info then return nil end
-    if info.source:find("multiprocessing/poolworker%.lua$") then break end
+  local info
+  repeat   -- up to the first frame of the pool's own loop
     level = level + 1
-  end
-  local info = debug.getinfo(level, "Sf")
+    info = debug.getinfo(level, "Sf")
+    if not info then return nil end
+  until info.func == run_items
+        or info.source:find("multiprocessing/poolworker%.lua$")
+  info = debug.getinfo(level - 1, "Sf")
   if not info or info.what ~= "Lua" then return nil end
   local name = global_name(info.func)
   return name and ("function '%s'"):format(name)
          or ("function <%s:%d>"):format(info.short_src, info.linedefined)
 end
 
-local function task_traceback(e)
+local function task_traceback(e, c_loop)
   local text = debug.traceback("", 3)
-  -- the frames of the pool's own loop are not the user's
+  -- the frames of the pool's own loop are not the user's: its Lua ones,
+  -- and (c_loop: the task ran in it) core._run_items's just below them
   text = text:gsub("\n[^\n]*multiprocessing/poolworker%.lua:.*$", "")
+  if c_loop then text = text:gsub("\n%s*%[C%]: in [^\n]*$", "") end
   local name = user_frame_name(3)
   if name then text = text:gsub(": in [^\n]*$", ": in " .. name:gsub("%%", "%%%%")) end
   local msg = (type(e) == "string" or type(e) == "number") and tostring(e)
@@ -91,6 +94,16 @@ local function post(results, out)
   if not ok then error(err, 0) end
 end
 
+-- Where the argument list of item k + 1 of a starmap message starts.
+local function star_after(msg, k)
+  local p = 5
+  for _ = 1, k do
+    local c = msg[p]
+    p = c >= 0 and p + 1 + c or p + 2
+  end
+  return p
+end
+
 -- Runs the items of one message into 'out' (empty), all in one protected
 -- call while they succeed: the error handler records a failure, and the
 -- loop goes on from the next item.  Partial results go out every FLUSH
@@ -110,26 +123,10 @@ local function run_message(msg, n, fns, results, mark, slot, out)
     while k < n do
       -- items k+1 .. last; item i's result goes to out[i + off]
       local last, o, off = min(n, k + stride), out, 4 - k0
-      if mode == 0 then
-        for i = k + 1, last do
-          k = i
-          mark_(base_ + i)
-          o[i + off] = task(msg_[4 + i])
-        end
-      elseif mode == 1 then
-        for i = k + 1, last do
-          k = i
-          mark_(base_ + i)
-          local c, s = msg_[p], p + 1
-          if c >= 0 then
-            p = s + c
-            o[i + off] = task(unpack(msg_, s, p - 1))
-          else
-            p = s + 1
-            local item = msg_[s]
-            o[i + off] = task(unpack(item, 1, item.n or #item))
-          end
-        end
+      if mode ~= 2 then   -- in C: core._run_items
+        p = run_items(mark_, base_, task, msg_, k + 1, last, o, off,
+                      mode == 1 and p or nil)
+        k = last
       else
         for i = k + 1, last do
           k = i
@@ -153,8 +150,15 @@ local function run_message(msg, n, fns, results, mark, slot, out)
     end
   end
   local function failed(e)
+    -- the item that raised is the one marked (_run_items's loop does not
+    -- say where it was); one that raised before it marked any: the next
+    if mode ~= 2 then
+      local at = (mark() or 0) - base
+      k = at > k and at or k + 1
+      if mode == 1 then p = star_after(msg, k) end
+    end
     out.e = out.e or {}
-    out.e[k] = task_traceback(e)
+    out.e[k] = task_traceback(e, mode ~= 2)
   end
   while k < n do xpcall(body, failed) end
   out[3], out.d = n, now() - start
