@@ -184,6 +184,54 @@ static int l_run_items(lua_State *L) {
   return 1;
 }
 
+/* An imap_unordered's place: results handed out (i) of n, and the run
+** being handed out, upvalue 2: its values j..last, value j being the
+** result at position j + shift. */
+typedef struct Runs {
+  lua_Integer i, n, j, last, shift;
+} Runs;
+
+/* upvalues: the Runs, the run's values, refill */
+static int runs_step(lua_State *L) {
+  Runs *r = (Runs *)lua_touserdata(L, lua_upvalueindex(1));
+  if (r->i >= r->n) return 0;
+  if (r->j > r->last) {
+    lua_pushvalue(L, lua_upvalueindex(3));        /* refill */
+    lua_pushinteger(L, r->i);                     /* refill i */
+    lua_call(L, 1, 4);                            /* values j last shift */
+    r->j = lua_tointeger(L, -3);
+    r->last = lua_tointeger(L, -2);
+    r->shift = lua_tointeger(L, -1);
+    lua_copy(L, -4, lua_upvalueindex(2));
+    lua_pop(L, 4);                                /* */
+  }
+  r->i++;
+  lua_pushinteger(L, r->j + r->shift);            /* pos */
+  lua_rawgeti(L, lua_upvalueindex(2), r->j++);    /* pos v */
+  return 2;
+}
+
+/* _runs(n, refill) -> step: the iterator function of an imap_unordered of
+** n items, which hands out (position, result) from runs of results:
+** refill(i), when a run is done (i: how many were handed out), returns the
+** next one as values, first index, last index and what makes an index a
+** position, or raises.  In C because a Lua closure cost 42 ns a result,
+** this 18. */
+static int l_runs(lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1);
+  Runs *r;
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  r = (Runs *)lua_newuserdatauv(L, sizeof *r, 0);  /* n refill runs */
+  r->i = 0;
+  r->n = n;
+  r->j = 1;
+  r->last = r->shift = 0;
+  lua_pushnil(L);                                 /* n refill runs nil */
+  lua_pushvalue(L, 2);                            /* n refill runs nil refill */
+  lua_pushcclosure(L, runs_step, 3);              /* n refill step */
+  return 1;
+}
+
 static int board_close(lua_State *L) {
   mp_seg_close(&((Board *)luaL_checkudata(L, 1, BOARD_T))->seg);
   return 0;
@@ -403,7 +451,7 @@ void mp_open_pool(lua_State *L) {
   static const luaL_Reg funcs[] = {
     {"_waiter", l_waiter},
     {"_exception", l_exception}, {"_plain", l_plain}, {"_board", l_board},
-    {"_clear", l_clear}, {"_run_items", l_run_items},
+    {"_clear", l_clear}, {"_run_items", l_run_items}, {"_runs", l_runs},
     {"_check_sendable", l_check_sendable},
     {"_nofile_at_least", l_nofile_at_least},
     {NULL, NULL}

@@ -33,6 +33,7 @@ local M = {}
 
 local now, mk_exception = core._now, core._exception
 local chunk, new_table, clear = core._chunk, core._table, core._clear
+local runs_iter = core._runs
 local tmove, floor, min, max = table.move, math.floor, math.min, math.max
 local pcall, type = pcall, type
 local argerror, describe, check_type = C.argerror, C.describe, C.check_type
@@ -805,28 +806,23 @@ local function imap_iter(self, fname, kind, fn, list, chunksize)
   end
   -- results come in runs, in the order they arrive: a run is { values,
   -- first index, last index, position of the first[, failed] }, a whole
-  -- message's results or one settled item
+  -- message's results or one settled item.  core._runs hands them out;
+  -- the consumer's place counts for the window from run to run (the pool
+  -- dispatches only in _run, where it is exact).
   local runs = fifo()
-  local run, j, last = nil, 1, 0
   local function arrived() return not is_empty(runs) end
   job.runs = runs
-  return function()
-    if i >= job.n then return nil end
-    i = i + 1
-    if j > last then
-      if is_empty(runs) then self:_run(arrived, nil, fname) end
-      run = pop(runs)
-      j, last = run[2], run[3]
-    end
-    local v, pos = run[1][j], run[4] + j - run[2]
-    j = j + 1
-    job.consumed = i
-    if run.failed then
+  return runs_iter(job.n, function(handed)
+    job.consumed = handed
+    if is_empty(runs) then self:_run(arrived, nil, fname) end
+    local run = pop(runs)
+    if run.failed then   -- a run of one: the failure
+      job.consumed = handed + 1
       abandon(self, job)
-      error(v, 0)
+      error(run[1][run[2]], 0)
     end
-    return pos, v
-  end, nil, nil, closer
+    return run[1], run[2], run[3], run[4] - run[2]
+  end), nil, nil, closer
 end
 
 --- for i, r in pool:imap(fn, list [, chunksize | opts]) -- in input order
