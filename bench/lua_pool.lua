@@ -13,7 +13,8 @@
 --     is; after the rows above it is lua_pool_start_heap: the same in a
 --     process that holds their lists (a 12 MB heap a fork copies)
 -- f is function(x) return x end.  The pool is warmed up (one small map)
--- before timing.  MAPN = APPLYN = 0: only lua_pool_start.  MAXN > 0: only
+-- before timing, and the rows of whole chunks by as many calls as they
+-- time (see CHUNKED_REPS).  MAPN = APPLYN = 0: only lua_pool_start.  MAXN > 0: only
 --   lua_pool_maxtasks: tasks/s of pool:map(f, 1..MAXN, 1) on a fresh
 --     Pool(4, {maxtasksperchild = 1}) (a worker replaced after every task)
 local B = dofile("bench/lib.lua")
@@ -53,16 +54,19 @@ if maxn > 0 then
 end
 
 -- The rows of whole chunks take milliseconds a call: they run CHUNKED_REPS
--- times (Python's too), so that their median is a warmed pool's and not
--- its first calls', whose new result tables are fresh pages until malloc
--- reuses freed ones (here the first 6 maps took 2x the later ones, and
--- Python's first one 3-4x).
+-- times, after as many calls that are not timed (Python's too), so that
+-- their median is a warmed pool's and not its first calls'.  A first call
+-- puts its result table on fresh pages, each a fault (13-18 us on this
+-- VM: 6 ms for a map's 1.6 MB), until the collector has freed enough old
+-- ones for malloc to reuse: with this script's 12 MB of lists, the first
+-- ~15 maps (Python frees at once and warms in 1-2 calls).
 local CHUNKED_REPS = 15
 
-local function rate(n, body, times)
+local function rate(n, body, times, warm)
   local s = {}
   local pool <close> = mp.Pool(4, { start_method = method })
   pool:map(f, { 1, 2, 3, 4, 5, 6, 7, 8 }, 1)
+  for _ = 1, warm or 0 do body(pool) end
   for r = 1, times or reps do
     local t0 = B.now()
     body(pool)
@@ -72,7 +76,7 @@ local function rate(n, body, times)
 end
 
 local function measure(name, n, body, times)
-  local ok, s = pcall(rate, n, body, times)
+  local ok, s = pcall(rate, n, body, times, times)
   if ok then B.emit { bench = name, method = method, samples = s }
   else B.skip(name, s, { method = method }) end
 end

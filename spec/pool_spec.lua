@@ -321,6 +321,22 @@ for _, method in ipairs(H.methods) do
       assert.matches("ecb failed", cberr)
     end)
 
+    it("a worker busy with message after message: holes, failures and shorter messages", function()
+      -- one worker, so that each message is decoded over the one before
+      local pool <close> = mp.Pool(1, { start_method = method })
+      local list = { n = 41 }
+      for i = 1, 41 do list[i] = i % 3 ~= 0 and i or nil end
+      local r = pool:map(function(x) return x end, list, 4)
+      for i = 1, 41 do assert.are.equal(list[i], r[i]) end
+      assert.are.equal(41, r.n)
+      r = pool:map(function(x) if x and x % 5 == 0 then error("five") end return x end,
+                   list, { chunksize = 4, outcomes = true })
+      for i = 1, 41 do
+        if list[i] and i % 5 == 0 then assert.is_false(r[i].ok)
+        else assert.are.same({ ok = true, value = list[i] }, r[i]) end
+      end
+    end)
+
     it("failures inside one big message: every other item's result, in map and starmap", function()
       local pool <close> = mp.Pool(2, { start_method = method })
       local function f(x) if x % 7 == 3 then error("bad " .. x) end return x * 2 end

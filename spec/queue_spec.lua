@@ -73,6 +73,13 @@ describe("Queue in one process", function()
     assert.are.equal(string, getmetatable(classed))
     assert.are.same({ nil, "empty" }, { q:_get_into(t, 0) })
     assert.is_nil(next(t))
+    -- not emptied: the message's items (its holes too) and fields are
+    -- written over what t held, and what lies past them stays
+    q:put({ 1, 2, 3, 4, 5, 6, n = 6, a = 1 })
+    q:put({ nil, "b", nil, "d", n = 4 })
+    q:_get_into(t)
+    assert.are.equal(t, q:_get_into(t))
+    assert.are.same({ nil, "b", nil, "d", 5, 6, n = 4, a = 1 }, t)
   end)
 
   it("routes a message's items into another table (_get_into's routes, the Pool's results)", function()

@@ -1296,7 +1296,7 @@ static int queue_put_patient(lua_State *L) {
 }
 
 /* q:_get_into(t [, timeout [, routes]]) -> as q:get, but a message that
-** is a table is decoded into t, which must be empty (mp_decode_into), and
+** is a table is decoded into t, over what it held (mp_decode_into), and
 ** t is what comes back; with 'routes', its items may go elsewhere (route),
 ** and then t.routed is true.  t false: a new table, made as big as the
 ** message says (a table given grows as it is filled).  Internal: the

@@ -1396,15 +1396,16 @@ static void decode_items (Dec *d, int t, lua_Unsigned from, lua_Unsigned to,
           lua_pushlstring(L, p, (size_t)u);
           lua_rawseti(L, t, k);
           continue;
-        case T_NIL:   /* a table being reused holds nothing to clear */
+        case T_NIL:   /* written: a table being reused may hold an item */
           d->p++;
+          lua_pushnil(L);
+          lua_rawseti(L, t, k);
           continue;
         default: break;
       }
     }
     decode_value(d);
-    if (lua_isnil(L, -1)) lua_pop(L, 1);
-    else lua_rawseti(L, t, k);
+    lua_rawseti(L, t, k);
   }
 }
 

@@ -85,12 +85,12 @@ int mp_decode(lua_State *L, const char *data, size_t size, int flags,
               int *fds, size_t nfds);
 
 /* mp_decode, but the message's first table (its first value, when that is
-** a table without a metatable) is decoded into the empty table at stack
-** index 'into' instead of a new one, and that table is what is pushed:
-** a receiver that takes many big messages of the same shape reuses one
-** table rather than making and collecting one a message.  'into' must hold
-** nothing when it is given: items that are nil in the message are not
-** written. */
+** a table without a metatable) is decoded into the table at stack index
+** 'into' instead of a new one, and that table is what is pushed: a
+** receiver that takes many big messages of the same shape reuses one
+** table rather than making and collecting one a message.  Its items 1..n
+** (nil ones too) and the message's fields are written over what 'into'
+** held; what it held past n, and fields the message lacks, stay. */
 int mp_decode_into(lua_State *L, int into, const char *data, size_t size,
                    int flags, int *fds, size_t nfds);
 

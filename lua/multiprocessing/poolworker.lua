@@ -157,6 +157,7 @@ local function run_message(msg, n, fns, results, mark, slot, out)
       k = at > k and at or k + 1
       if mode == 1 then p = star_after(msg, k) end
     end
+    out[4 + k - k0] = nil   -- (out may hold an earlier message's results)
     out.e = out.e or {}
     out.e[k] = task_traceback(e, mode ~= 2)
   end
@@ -192,10 +193,13 @@ function M.worker(rank, cfg)
   mark(-1)
   local count = 0
   -- every message is decoded into the one table 'msg', and its results
-  -- gathered in the one table 'out', each emptied after use: a worker
-  -- that made and dropped two tables as big as its messages each time
-  -- would have the collector walk the heap it shares with its parent
-  -- (fork), which copies every page of it
+  -- gathered in the one table 'out': a worker that made and dropped two
+  -- tables as big as its messages each time would have the collector walk
+  -- the heap it shares with its parent (fork), which copies every page of
+  -- it.  The next message is written over them (its items and fields; what
+  -- lies past them is never read), and they are emptied only when no
+  -- message is waiting: a worker holds nothing of its tasks while idle,
+  -- and a busy one does not pay twice per item for it.
   local msg, out = {}, {}
   while true do
     if not tasks:_get_into(msg) then return end
@@ -212,8 +216,12 @@ function M.worker(rank, cfg)
     mark(mid * MID + n + 1)        -- posting: see poolsup's lost
     post(results, out)
     if last then return end        -- (the slot is the next worker's now)
-    clear(msg)
-    clear(out)
+    if tasks:qsize() == 0 then
+      clear(msg)
+      clear(out)
+    else
+      out.e, out.d = nil, nil
+    end
     mark(-1)
   end
 end
