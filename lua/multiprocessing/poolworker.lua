@@ -198,8 +198,9 @@ function M.worker(rank, cfg)
   -- the heap it shares with its parent (fork), which copies every page of
   -- it.  The next message is written over them (its items and fields; what
   -- lies past them is never read), and they are emptied only when no
-  -- message is waiting: a worker holds nothing of its tasks while idle,
-  -- and a busy one does not pay twice per item for it.
+  -- message is waiting: a worker about to wait holds nothing of its tasks
+  -- (unless the message it saw went to another worker first), and a busy
+  -- one does not pay twice per item for it.
   local msg, out = {}, {}
   while true do
     if not tasks:_get_into(msg) then return end
