@@ -14,7 +14,8 @@
 --     process that holds their lists (a 12 MB heap a fork copies)
 -- f is function(x) return x end.  The pool is warmed up (one small map)
 -- before timing, and the rows of whole chunks by as many calls as they
--- time (see CHUNKED_REPS).  MAPN = APPLYN = 0: only lua_pool_start.  MAXN > 0: only
+-- time (see CHUNKED_REPS).  MAPN = APPLYN = 0: only lua_pool_start.
+-- MAXN > 0: only
 --   lua_pool_maxtasks: tasks/s of pool:map(f, 1..MAXN, 1) on a fresh
 --     Pool(4, {maxtasksperchild = 1}) (a worker replaced after every task)
 local B = dofile("bench/lib.lua")
