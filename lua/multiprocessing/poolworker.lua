@@ -94,10 +94,10 @@ local function post(results, out)
   if not ok then error(err, 0) end
 end
 
--- Where the argument list of item k + 1 of a starmap message starts.
-local function star_after(msg, k)
-  local p = 5
-  for _ = 1, k do
+-- Where a starmap message's argument lists go on after the n that start
+-- at msg[p].
+local function star_skip(msg, p, n)
+  for _ = 1, n do
     local c = msg[p]
     p = c >= 0 and p + 1 + c or p + 2
   end
@@ -151,11 +151,14 @@ local function run_message(msg, n, fns, results, mark, slot, out)
   end
   local function failed(e)
     -- the item that raised is the one marked (_run_items's loop does not
-    -- say where it was); one that raised before it marked any: the next
+    -- say where it was); one that raised before it marked any: the next.
+    -- k and p are still where the failed call of _run_items began: the
+    -- lists of at most a stride of items are skipped, not the message's.
     if mode ~= 2 then
       local at = (mark() or 0) - base
-      k = at > k and at or k + 1
-      if mode == 1 then p = star_after(msg, k) end
+      at = at > k and at or k + 1
+      if mode == 1 then p = star_skip(msg, p, at - k) end
+      k = at
     end
     out[4 + k - k0] = nil   -- (out may hold an earlier message's results)
     out.e = out.e or {}
