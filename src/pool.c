@@ -37,12 +37,17 @@ typedef struct Board {
   uint64_t n;             /* words */
 } Board;
 
+/* Word i (from 1) of board b, or NULL when b is closed. */
+static int64_t *word_at(const Board *b, lua_Integer i) {
+  return b->seg.base == NULL ? NULL : (int64_t *)(void *)b->seg.base + (i - 1);
+}
+
 static int64_t *board_word(lua_State *L, int idx, int arg) {
   Board *b = (Board *)luaL_checkudata(L, idx, BOARD_T);
   lua_Integer i = luaL_checkinteger(L, arg);
   if (b->seg.base == NULL) luaL_error(L, "attempt to use a closed board");
   luaL_argcheck(L, i >= 1 && (uint64_t)i <= b->n, arg, "index out of range");
-  return (int64_t *)(void *)b->seg.base + (i - 1);
+  return word_at(b, i);
 }
 
 static Board *new_board(lua_State *L) {
@@ -77,11 +82,9 @@ static int board_set(lua_State *L) {
 
 /* upvalues: the board (kept alive), the word's index */
 static int marker(lua_State *L) {
-  Board *b = (Board *)lua_touserdata(L, lua_upvalueindex(1));
-  lua_Integer i = lua_tointeger(L, lua_upvalueindex(2));
-  int64_t *w;
-  if (b->seg.base == NULL) return 0;          /* closed: nothing to mark */
-  w = (int64_t *)(void *)b->seg.base + (i - 1);
+  int64_t *w = word_at((Board *)lua_touserdata(L, lua_upvalueindex(1)),
+                       lua_tointeger(L, lua_upvalueindex(2)));
+  if (w == NULL) return 0;                    /* closed: nothing to mark */
   if (lua_isnone(L, 1)) {                     /* mark() reads the word */
     lua_pushinteger(L, __atomic_load_n(w, __ATOMIC_RELAXED));
     return 1;
@@ -102,16 +105,14 @@ static int board_marker(lua_State *L) {
 /* The word the marker at 'idx' writes.  Raises when the function is not a
 ** board's marker, or its board is closed. */
 static int64_t *marker_word(lua_State *L, int idx) {
-  Board *b;
-  lua_Integer i;
+  int64_t *w;
   luaL_argexpected(L, lua_tocfunction(L, idx) == marker, idx, "board marker");
   lua_getupvalue(L, idx, 1);                      /* ... board */
   lua_getupvalue(L, idx, 2);                      /* ... board i */
-  b = (Board *)lua_touserdata(L, -2);
-  i = lua_tointeger(L, -1);
+  w = word_at((Board *)lua_touserdata(L, -2), lua_tointeger(L, -1));
   lua_pop(L, 2);                                  /* ... */
-  if (b->seg.base == NULL) luaL_error(L, "attempt to use a closed board");
-  return (int64_t *)(void *)b->seg.base + (i - 1);
+  if (w == NULL) luaL_error(L, "attempt to use a closed board");
+  return w;
 }
 
 /* How many values table.unpack(list, 1, list.n or #list) gives, for the
