@@ -409,6 +409,23 @@ print("done")
       assert.truthy(out:find("map\t2\t3\t4\n", 1, true), out)
       assert.truthy(out:find("done\nrc=0\n", 1, true), out)
     end)
+
+    it("a Pool that cannot start raises at the caller's line, with the core's reason", function()
+      local out = run([[
+local mp = require "multiprocessing"
+local ok, e = pcall(function()
+  local pool = mp.Pool(30, { start_method = "%s" })  -- line 4 (H.PATHS first)
+  return pool
+end)
+print(ok, e)
+local again = mp.start_processes(function(i) return i end, {}, 2, true, false, "%s")
+print("again", again.n)
+]], method, 120, "ulimit -n 40;")
+      assert.truthy(out:find("false\t[^\n]*:4: cannot start 30 processes with start method \""
+                             .. method .. "\" %(%d+ started, now terminated%): "), out)
+      assert.falsy(out:find("multiprocessing/pool", 1, true), out)
+      assert.truthy(out:find("again\t2\nrc=0\n", 1, true), out)
+    end)
   end)
 end
 

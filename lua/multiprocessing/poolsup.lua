@@ -57,7 +57,8 @@ local function new_worker(slot, pid)
 end
 
 -- Starts the pool's workers, all in one start_processes (raises when the
--- start fails).
+-- start fails, with the core's message as is: called through pcall, the
+-- core names no line of ours, and Pool() names the caller's).
 function M.start(pool)
   local mp = require "multiprocessing"
   local n = pool.processes
@@ -68,11 +69,13 @@ function M.start(pool)
     pool.cur:set(slot, 0)
     titles[slot] = ("pool worker %d (%s)"):format(slot, pool.script)
   end
-  pool.ctx = mp.start_processes(W.worker, { {
+  local ok, ctx = pcall(mp.start_processes, W.worker, { {
       tasks = pool.tasks, results = pool.results, board = pool.cur,
       title = titles,
       maxtasks = pool.maxtasks, initializer = pool.initializer,
       initargs = pool.initargs } }, n, false, false, pool.start_method)
+  if not ok then error(ctx, 0) end
+  pool.ctx = ctx
   local pids = pool.ctx:pids()
   for slot = 1, n do pool.workers[slot] = new_worker(slot, pids[slot]) end
 end
