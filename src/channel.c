@@ -316,9 +316,8 @@ static void walk(lua_State *L, int idx, int seen, int depth, Visit visit,
 /* Whether the value at 'idx' holds nothing a walk would visit: a table
 ** whose keys and values, or a function whose upvalues, are neither
 ** tables, functions nor userdata (the globals excepted: never walked).
-** Such a value is visited alone, and no table is made to walk it: in a
-** forked worker every allocation may touch a page of the parent's heap,
-** and each first touch is a page fault. */
+** Such a value, the common fn or args, is visited alone: no table is made
+** to walk it. */
 static int walks_nothing(lua_State *L, int idx) {
   int i, deep = 0;
   if (lua_type(L, idx) == LUA_TTABLE) {
@@ -354,40 +353,55 @@ static void walk_value(lua_State *L, int idx, Visit visit, void *ud) {
   lua_pop(L, 1);
 }
 
-static int visit_attach(lua_State *L, int idx, void *ud) {
+/* Adds an open channel to the set at *ud. */
+static int visit_collect(lua_State *L, int idx, void *ud) {
   Chan *c = testchan(L, idx);
-  (void)ud;
   if (!c) return 0;
-  if (c->seg.base) chan_attach(L, c);
+  if (c->seg.base) {
+    lua_pushvalue(L, idx);                    /* ... c */
+    lua_pushboolean(L, 1);                    /* ... c true */
+    lua_rawset(L, *(int *)ud);                /* ... */
+  }
   return 1;
 }
 
-void mp_sharing_attach(lua_State *L, int idx) {
-  walk_value(L, idx, visit_attach, NULL);
+void mp_sharing_collect(lua_State *L, int fn, int args) {
+  int set;
+  fn = lua_absindex(L, fn);
+  args = lua_absindex(L, args);
+  lua_newtable(L);                            /* set */
+  set = lua_gettop(L);
+  walk_value(L, fn, visit_collect, &set);
+  walk_value(L, args, visit_collect, &set);
 }
 
-typedef struct Handed {
-  const mp_Worker *w;
-  int n;
-} Handed;
-
-static int visit_handed(lua_State *L, int idx, void *ud) {
-  const Handed *h = (const Handed *)ud;
-  Chan *c = testchan(L, idx);
-  int i;
-  if (!c) return 0;
-  if (c->seg.base)
-    for (i = 0; i < h->n; i++)
-      if (h->w[i].pid > 0)
-        mp_peers_handed(&chan_hdr(c)->peers, c->end, h->w[i].pid);
-  return 1;
+/* The open channel of the key below the top, or NULL (a set's lua_next). */
+static Chan *set_chan(lua_State *L) {
+  Chan *c = testchan(L, -2);
+  return c != NULL && c->seg.base != NULL ? c : NULL;
 }
 
-void mp_sharing_handed(lua_State *L, int idx, const mp_Worker *w, int n) {
-  Handed h;
-  h.w = w;
-  h.n = n;
-  walk_value(L, idx, visit_handed, &h);
+void mp_sharing_attach(lua_State *L, int set) {
+  set = lua_absindex(L, set);
+  lua_pushnil(L);                             /* nil */
+  while (lua_next(L, set)) {                  /* c true */
+    Chan *c = set_chan(L);
+    lua_pop(L, 1);                            /* c */
+    if (c) chan_attach(L, c);
+  }
+}
+
+void mp_sharing_handed(lua_State *L, int set, const mp_Worker *w, int n) {
+  set = lua_absindex(L, set);
+  lua_pushnil(L);                             /* nil */
+  while (lua_next(L, set)) {                  /* c true */
+    Chan *c = set_chan(L);
+    int i;
+    lua_pop(L, 1);                            /* c */
+    for (i = 0; c && i < n; i++)
+      if (w[i].pid > 0)
+        mp_peers_handed(&chan_hdr(c)->peers, c->end, w[i].pid);
+  }
 }
 
 /* --- waiting ------------------------------------------------------------- */

@@ -272,9 +272,14 @@ static void keep_start(lua_State *L, int ctxidx) {
 /* fn at 1, args at 2: starts the workers and joins them when asked. */
 static int start(lua_State *L, const mp_StartMethod *method, int nprocs,
                  int join, int daemon) {
-  mp_Context *ctx = new_context(L, method, nprocs, daemon);
-  int ctxidx = lua_gettop(L);
-  int err = mp_reports_create(&ctx->reports);
+  mp_Context *ctx;
+  int ctxidx, chans, err;
+  mp_sharing_collect(L, 1, 2);                      /* fn args ... chans */
+  chans = lua_gettop(L);
+  ctx = new_context(L, method, nprocs, daemon);     /* ... chans ctx */
+  ctxidx = lua_gettop(L);
+  ctx->chans = chans;
+  err = mp_reports_create(&ctx->reports);
   if (err != 0)
     return luaL_error(L, "cannot create the workers' report file: %s",
                       strerror(err));
@@ -299,9 +304,9 @@ static int start(lua_State *L, const mp_StartMethod *method, int nprocs,
                          "(%d started, now terminated): %s", nprocs,
                       method->name, started, lua_tostring(L, -1));
   }
+  ctx->chans = 0;
   shed(L, ctx, ctxidx);
-  mp_sharing_handed(L, 1, ctx->workers, ctx->started);  /* sharing.h */
-  mp_sharing_handed(L, 2, ctx->workers, ctx->started);
+  mp_sharing_handed(L, chans, ctx->workers, ctx->started);  /* sharing.h */
   lua_settop(L, ctxidx);
   if (!join) return 1;
   mp_join(L, ctx, ctxidx, -1, MP_DEFAULT_GRACE, 0);
@@ -437,15 +442,17 @@ static int ctx_restart(lua_State *L) {
   w->ctx = ctx;
   w->pidfd = -1;
   w->state = MP_RUNNING;
+  mp_sharing_collect(L, 3, 4);                      /* ctx uv fn args chans */
   ctx->first = rank;
   ctx->last = rank + 1;
+  ctx->chans = 5;
   err = ctx->method->start(L, ctx, 1, 3, 4);        /* ... [msg] */
   ctx->first = 0;
   ctx->last = ctx->nprocs;
+  ctx->chans = 0;
   if (err == 0 && ctx->nprocs == 1) shed(L, ctx, 1);
   if (err == 0 && w->pid > 0 && w->state == MP_RUNNING) {
-    mp_sharing_handed(L, 3, w, 1);  /* sharing.h */
-    mp_sharing_handed(L, 4, w, 1);
+    mp_sharing_handed(L, 5, w, 1);  /* sharing.h */
     mp_watch_worker(w);
     lua_pushinteger(L, w->pid);
     return 1;

@@ -49,6 +49,7 @@
 
 #include "lualib.h"
 #include "mp.h"
+#include "sharing.h"
 #include "multiprocessing.h"
 
 #define SERVER_KEY "multiprocessing.forkserver"
@@ -197,10 +198,11 @@ static void worker_child(lua_State *sub, const Job *job, int rank) {
   to.fd = job->fds[MP_WFD_REPORTS];
   to.sock = job->fds[MP_WFD_RSOCK];
   to.table = NULL;  /* marks are written with pwrite */
-  mp_worker_run(sub, 1, 2, rank, job->rq->nprocs, &to, &d);
+  mp_worker_run(sub, 1, 2, 3, rank, job->rq->nprocs, &to, &d);
 }
 
-/* Protected, in the request's own state: the payload -> fn, args. */
+/* Protected, in the request's own state: the payload -> fn, args, and the
+** set of the channels they hold, collected once for all the workers. */
 static int prepare(lua_State *L) {
   Job *job = lua_touserdata(L, 1);
   lua_pop(L, 1);
@@ -211,8 +213,9 @@ static int prepare(lua_State *L) {
   luaL_requiref(L, "multiprocessing.core", luaopen_multiprocessing_core, 0);
   lua_pop(L, 1);
   mp_payload_load(L, job->fds[MP_WFD_PAYLOAD], job->fds + MP_WFD_NFIXED,
-                  job->nfds - MP_WFD_NFIXED);
-  return 2;
+                  job->nfds - MP_WFD_NFIXED);                 /* fn args */
+  mp_sharing_collect(L, 1, 2);                                /* fn args chans */
+  return 3;
 }
 
 static int reply(const Job *job, int rank, pid_t pid, int err, int pidfd) {
@@ -233,7 +236,7 @@ static void serve(const Job *job) {
   }
   lua_pushcfunction(sub, prepare);
   lua_pushlightuserdata(sub, (void *)(size_t)job);
-  if (lua_pcall(sub, 1, 2, 0) != LUA_OK) {
+  if (lua_pcall(sub, 1, 3, 0) != LUA_OK) {
     reply(job, 0, 0, ENOMEM, -1);
     lua_close(sub);
     return;

@@ -229,6 +229,8 @@ typedef struct mp_Context {
   int started;            /* workers 0..started-1 have a pid */
   int first, last;        /* the ranks the start in progress starts:
                              first..last-1 (all, or the one restarted) */
+  int chans;              /* ... and the stack index of the channels its
+                             fn and args hold (mp_sharing_collect) */
   int daemon;
   int closed;             /* workers reaped and reports closed */
   int shut;               /* close() or collection: fileno() refuses */
@@ -390,9 +392,11 @@ void mp_worker_identity_new(lua_State *L, int daemon);
 void mp_worker_identity(lua_State *L, int idx);
 /* Runs fn(rank, table.unpack(args)), reports, and never returns; the
 ** worker's title is "lua worker <rank>/<nprocs> (<script>)" until fn sets
-** another. */
-void mp_worker_run(lua_State *L, int fn, int args, int rank, int nprocs,
-                   const mp_ReportTo *to, const mp_Detach *d)
+** another.  'chans': the stack index of the set of channels fn and args
+** hold, collected before a fork (mp_sharing_collect), or 0: the worker
+** collects it. */
+void mp_worker_run(lua_State *L, int fn, int args, int chans, int rank,
+                   int nprocs, const mp_ReportTo *to, const mp_Detach *d)
     __attribute__((noreturn));
 
 /* title.c: sets what ps -o args, pgrep -f and top show for this process,

@@ -247,17 +247,23 @@ struct mp_Reader;
 void mp_lock_write(lua_State *L, int idx, struct mp_Writer *w);
 void mp_lock_read(lua_State *L, struct mp_Reader *r);
 
-/* --- codec types: attaching inherited objects in a forked child --- */
-/* Walks the value at idx (tables and upvalues of functions) and attaches
-** every queue and connection found to this process, so that a worker that
-** dies without touching an inherited channel still counts as its user.  A
-** worker calls it on fn and args before running fn. */
-void mp_sharing_attach(lua_State *L, int idx);
-/* In the parent, once the 'n' workers 'w' have started with the value at
-** idx in their fn or args: each channel in it gets a proxy slot per worker
-** (see mp_Peers), so nobody takes it for closed before they attach. */
+/* --- the channels a worker is started with --- */
+/* Pushes the set (a table whose keys they are) of the open queues and
+** connections that the values at 'fn' and 'args' hold: one walk of their
+** tables and of their functions' upvalues.  A start collects it once,
+** before it forks, for the two uses below: a forked child then walks
+** nothing (a walk's table, made in a fork, is pages of the parent's heap
+** written, each a page fault). */
+void mp_sharing_collect(lua_State *L, int fn, int args);
+/* In the worker, before it runs fn: attaches every channel of the set at
+** 'set' to this process, so that a worker that dies without touching one
+** still counts as its user. */
+void mp_sharing_attach(lua_State *L, int set);
+/* In the parent, once the 'n' workers 'w' have started: each channel of
+** the set at 'set' gets a proxy slot per worker (see mp_Peers), so nobody
+** takes it for closed before they attach. */
 struct mp_Worker;
-void mp_sharing_handed(lua_State *L, int idx, const struct mp_Worker *w,
+void mp_sharing_handed(lua_State *L, int set, const struct mp_Worker *w,
                        int n);
 
 /* nested.c: a value inside a userdata's encoding (a Barrier's action).  mp_write_value pops the value at the top and writes

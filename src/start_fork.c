@@ -105,7 +105,7 @@ static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
       to.fd = ctx->reports.fd;
       to.sock = ctx->reports.peer;
       to.table = ctx->reports.table;  /* inherited: marks are stores */
-      mp_worker_run(L, fn, args, i, ctx->nprocs, &to, &d);
+      mp_worker_run(L, fn, args, ctx->chans, i, ctx->nprocs, &to, &d);
     }
     /* No setpgid(pid, pid) here: until the child has made its group, the
     ** group holds nobody (its id is the child's pid, which nobody else can

@@ -113,7 +113,8 @@ static int l_spawn_main(lua_State *L) {
   }
   mp_payload_load(L, FD_FIRST + MP_WFD_PAYLOAD, fds, (size_t)nfds);
   close(FD_FIRST + MP_WFD_PAYLOAD);
-  mp_worker_run(L, lua_gettop(L) - 1, lua_gettop(L), rank, nprocs, &to, &d);
+  mp_worker_run(L, lua_gettop(L) - 1, lua_gettop(L), 0, rank, nprocs, &to,
+                &d);
 }
 
 void mp_open_spawn(lua_State *L) {

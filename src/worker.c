@@ -504,13 +504,14 @@ static lua_Integer count_args(lua_State *L, int args) {
   return n;
 }
 
-/* Protected, on the worker's thread: fn at 1, args at 2, rank at 3.
-** Objects the worker inherited are its own from now on (a decoded one
-** already is); leaves fn, rank and the unpacked args, ready to call. */
+/* Protected, on the worker's thread: fn at 1, args at 2, rank at 3, the
+** set of channels they hold at 4 (nil: collected here).  Objects the
+** worker inherited are its own from now on (a decoded one already is);
+** leaves fn, rank and the unpacked args, ready to call. */
 static int prepare_call(lua_State *L) {
   lua_Integer n, i;
-  mp_sharing_attach(L, 1);
-  mp_sharing_attach(L, 2);
+  if (lua_isnil(L, 4)) mp_sharing_collect(L, 1, 2);  /* fn args rank nil set */
+  mp_sharing_attach(L, lua_gettop(L));
   n = count_args(L, 2);
   luaL_checkstack(L, (int)n + 2, "too many arguments");
   lua_pushvalue(L, 1);
@@ -519,9 +520,10 @@ static int prepare_call(lua_State *L) {
   return (int)n + 2;
 }
 
-/* Protected: fn at 1, args at 2, rank at 3, the report channel at 4.
-** Runs fn on a fresh thread, so the traceback shows the worker's frames
-** only, reports, and returns the exit code. */
+/* Protected: fn at 1, args at 2, rank at 3, the report channel at 4, the
+** set of channels at 5 (or nil).  Runs fn on a fresh thread, so the
+** traceback shows the worker's frames only, reports, and returns the exit
+** code. */
 static int run_worker(lua_State *L) {
   int rank = (int)lua_tointeger(L, 3);
   const mp_ReportTo *to = lua_touserdata(L, 4);
@@ -532,8 +534,9 @@ static int run_worker(lua_State *L) {
   lua_pushvalue(L, 1);
   lua_pushvalue(L, 2);
   lua_pushvalue(L, 3);
-  lua_xmove(L, co, 3);
-  status = lua_pcall(co, 3, LUA_MULTRET, 1);
+  lua_pushvalue(L, 5);
+  lua_xmove(L, co, 4);
+  status = lua_pcall(co, 4, LUA_MULTRET, 1);
   if (status == LUA_OK)
     status = lua_pcall(co, lua_gettop(co) - 2, 1, 1);
   lua_xmove(co, L, 1);
@@ -609,12 +612,13 @@ static void set_default_title(lua_State *L, int fn, int rank, int nprocs) {
   mp_title_set(L, title, (size_t)(p - title));
 }
 
-void mp_worker_run(lua_State *L, int fn, int args, int rank, int nprocs,
-                   const mp_ReportTo *to, const mp_Detach *d) {
+void mp_worker_run(lua_State *L, int fn, int args, int chans, int rank,
+                   int nprocs, const mp_ReportTo *to, const mp_Detach *d) {
   int code = 1;
   mp_Mark ledger;
   fn = lua_absindex(L, fn);
   args = lua_absindex(L, args);
+  if (chans != 0) chans = lua_absindex(L, chans);
   set_default_title(L, fn, rank, nprocs);
   /* the identity table: mp_worker_daemon's or mp_worker_identity's */
   if (lua_getfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY) == LUA_TTABLE) {
@@ -633,7 +637,9 @@ void mp_worker_run(lua_State *L, int fn, int args, int rank, int nprocs,
   lua_pushvalue(L, args);
   lua_pushinteger(L, rank);
   lua_pushlightuserdata(L, (void *)(size_t)to);
-  if (lua_pcall(L, 4, 1, 0) == LUA_OK)
+  if (chans != 0) lua_pushvalue(L, chans);
+  else lua_pushnil(L);
+  if (lua_pcall(L, 5, 1, 0) == LUA_OK)
     code = (int)lua_tointeger(L, -1);
   else
     fprintf(stderr, "multiprocessing: process %d failed before it could "
