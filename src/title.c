@@ -18,7 +18,8 @@
 ** call but PR_SET_NAME and no copy of its own (each would fault in a page
 ** of the parent's memory, in every worker).
 */
-#include <stdio.h>
+#include <fcntl.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -35,29 +36,30 @@ typedef struct Area {
 } Area;
 
 /* Fields 48..51 of /proc/self/stat (after the ')' that ends the command
-** name, which may hold spaces, the fields count from 3). */
+** name, which may hold spaces, the fields count from 3).  Read without
+** stdio and scanf: a fresh worker would fault in their code and a buffer
+** for this alone (sys.h). */
 static void find_area(Area *a) {
-  char buf[1024], *p;
-  unsigned long v[4];
-  size_t n;
-  int field;
-  FILE *f = fopen("/proc/self/stat", "re");
+  char buf[1024];
+  const char *p;
+  unsigned long long v[4];
+  ssize_t n;
+  int field, fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
   memset(a, 0, sizeof *a);
-  if (f == NULL) return;
-  n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
+  if (fd < 0) return;
+  n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return;
   buf[n] = '\0';
   p = strrchr(buf, ')');
-  if (p == NULL) return;
   for (field = 2; field < 48 && p != NULL; field++) p = strchr(p + 1, ' ');
-  if (p == NULL ||
-      sscanf(p, " %lu %lu %lu %lu", &v[0], &v[1], &v[2], &v[3]) != 4 ||
-      v[1] <= v[0] || v[3] < v[2])
-    return;
-  a->arg_start = (char *)v[0];
-  a->arg_end = (char *)v[1];
-  a->env_start = (char *)v[2];
-  a->env_end = (char *)v[3];
+  for (field = 0; field < 4 && p != NULL; field++)
+    if (*p++ != ' ' || !mp_read_uint(&p, &v[field])) p = NULL;
+  if (p == NULL || v[1] <= v[0] || v[3] < v[2]) return;
+  a->arg_start = (char *)(uintptr_t)v[0];
+  a->arg_end = (char *)(uintptr_t)v[1];
+  a->env_start = (char *)(uintptr_t)v[2];
+  a->env_end = (char *)(uintptr_t)v[3];
 }
 
 static Area *get_area(lua_State *L) {

@@ -185,13 +185,17 @@ static int status_field(const char *text, const char *name, int hex,
   return end != p + strlen(name);
 }
 
-/* Linux >= 6.15 keeps a reaped child's status on its pidfd (join.c). */
+/* Linux >= 6.15 keeps a reaped child's status on its pidfd (join.c).
+** (The release is read without sscanf, whose code a fresh worker would
+** fault in for this alone: sys.h.) */
 static int kernel_keeps_status(void) {
   struct utsname u;
-  int major = 0, minor = 0;
+  unsigned long long major, minor;
+  const char *p = u.release;
   const char *v = getenv(MP_NO_EXIT_INFO_ENV);
   if (v != NULL && *v != '\0' && strcmp(v, "0") != 0) return 0;
-  if (uname(&u) != 0 || sscanf(u.release, "%d.%d", &major, &minor) != 2)
+  if (uname(&u) != 0 || !mp_read_uint(&p, &major) || *p++ != '.' ||
+      !mp_read_uint(&p, &minor))
     return 0;
   return major > 6 || (major == 6 && minor >= 15);
 }
