@@ -4,6 +4,7 @@
 */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -131,6 +132,8 @@ int luaopen_multiprocessing_core(lua_State *L) {
     {"_now", l_now}, {"_isatty", l_isatty}, {NULL, NULL}
   };
   size_t i;
+  if (getenv(MP_BOOT_ENV) != NULL)  /* a worker being booted: ours */
+    mp_prefault_heap();
   luaL_newlib(L, funcs);                              /* M */
   lua_pushliteral(L, LMP_VERSION);   /* the one place the version is */
   lua_setfield(L, -2, "_VERSION");

@@ -4,7 +4,9 @@
 */
 #include <dlfcn.h>
 #include <errno.h>
+#include <malloc.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -59,6 +61,16 @@ int mp_read_uint(const char **p, unsigned long long *v) {
   *p = q;
   *v = u;
   return 1;
+}
+
+void mp_prefault_heap(void) {
+#ifdef MADV_POPULATE_WRITE
+  struct mallinfo2 mi = mallinfo2();
+  uintptr_t end = (uintptr_t)sbrk(0), page = (uintptr_t)getpagesize();
+  uintptr_t start = (end - (uintptr_t)mi.arena) & ~(page - 1);
+  if (mi.arena == 0 || mi.arena > HEAP_PREFAULT_MAX || start >= end) return;
+  (void)madvise((void *)start, end - start, MADV_POPULATE_WRITE);
+#endif
 }
 
 char *mp_file_of(const void *code, const char **name) {

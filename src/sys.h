@@ -23,6 +23,16 @@ char  *mp_add_text(char *p, const char *end, const char *s);
 char  *mp_add_int(char *p, const char *end, long v);
 int    mp_read_uint(const char **p, unsigned long long *v);
 
+/* A fresh worker writes to most of the heap malloc has taken from the
+** system (sbrk) before it is done: one madvise(MADV_POPULATE_WRITE) makes
+** those pages at ~3 us each, where each first write would be a page fault
+** (11-15 us on this VM, 2-3x that beside other starting workers).  Only
+** in a process of ours (a worker being booted, core.c), only for a heap
+** of at most HEAP_PREFAULT_MAX bytes; a kernel before 5.14 says EINVAL,
+** and the pages fault as before. */
+#define HEAP_PREFAULT_MAX (1024 * 1024)
+void   mp_prefault_heap(void);
+
 /* The absolute path of the loaded file (a module) that holds the code at
 ** 'code', as realpath gives it (the caller frees it), or NULL; *name is
 ** the path the dynamic linker loaded that file by, or NULL when it knows
