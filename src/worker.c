@@ -148,8 +148,11 @@ static void on_fatal_signal(int sig) {
   raise(sig);
 }
 
-static void watch_exit(const mp_ReportTo *to, int rank, pid_t self,
-                       int handlers) {
+/* Only where the kernel keeps no status on the pidfd (d->records): else
+** join never reads the record, and the registration and the stores it
+** would cost are page faults in a fork (libc's list of exit functions,
+** our statics, the report's page). */
+static void watch_exit(const mp_ReportTo *to, int rank, pid_t self) {
   static const int fatal[] = {
     SIGHUP, SIGINT, SIGQUIT, SIGILL, SIGTRAP, SIGABRT, SIGBUS, SIGFPE,
     SIGUSR1, SIGSEGV, SIGUSR2, SIGPIPE, SIGALRM, SIGTERM, SIGXCPU, SIGXFSZ,
@@ -160,9 +163,7 @@ static void watch_exit(const mp_ReportTo *to, int rank, pid_t self,
   exit_record.rank = rank;
   exit_record.pid = self;
   on_exit(on_exit_record, NULL);
-  /* A kernel that keeps the status on the pidfd (Linux >= 6.15) needs the
-  ** record of a fatal signal only when the specs pretend otherwise. */
-  for (i = 0; handlers && i < sizeof fatal / sizeof fatal[0]; i++) {
+  for (i = 0; i < sizeof fatal / sizeof fatal[0]; i++) {
     struct sigaction sa;
     if (sigaction(fatal[i], NULL, &sa) != 0 || sa.sa_handler != SIG_DFL)
       continue;  /* ignored: left so */
@@ -630,7 +631,7 @@ void mp_worker_run(lua_State *L, int fn, int args, int chans, int rank,
     lua_setfield(L, -2, "rank");                      /* id */
   }
   lua_pop(L, 1);                                      /* */
-  watch_exit(to, rank, d->self, d->records);
+  if (d->records) watch_exit(to, rank, d->self);
   mp_sharing_worker(L, d->parent);
   ledger = mp_reports_ledger_mark(to, rank);
   mp_ledger_open(L, to->fd, mp_reports_ledger_at(rank), d->self, &ledger);
@@ -653,6 +654,7 @@ void mp_worker_run(lua_State *L, int fn, int args, int chans, int rank,
   /* No __gc runs before _exit: the file_system references our arrays hold
   ** are given back here (the report holds its receiver's own). */
   mp_array_exit(L);
-  mp_reports_exit_put(to, rank, code);  /* we are the worker: no check */
+  if (d->records)
+    mp_reports_exit_put(to, rank, code);  /* we are the worker: no check */
   _exit(code);
 }
