@@ -1,6 +1,7 @@
 /*
-** sys.c -- the clock, whole writes, marks, text without printf and the
-** file a module was loaded from (sys.h).
+** sys.c -- the clock, whole writes, marks, text without printf, a booted
+** worker's heap populated ahead and the file a module was loaded from
+** (sys.h).
 */
 #include <dlfcn.h>
 #include <errno.h>

@@ -1,7 +1,9 @@
 /*
 ** sys.h -- system helpers that need no Lua and no context (sys.c): the
-** clock, whole writes, and marks (a shared word a process sets once).  Compiled into the core and into the launcher
-** module alike, so neither keeps a copy of its own.
+** clock, whole writes, marks (a shared word a process sets once), text
+** without printf, the heap populated ahead and the file of a module.
+** Compiled into the core and into the launcher module alike, so neither
+** keeps a copy of its own.
 */
 #ifndef mp_sys_h
 #define mp_sys_h
