@@ -363,10 +363,9 @@ typedef struct mp_Detach {
   int threads;        /* the parent's threads (0: unknown) */
   int blocked;        /* the starting thread blocks some signal */
   int records;        /* the kernel keeps no status on pidfds (or the
-                         specs say so): record fatal signals too */
+                         specs say so): the worker records its exit */
   unsigned long long handled;  /* bit sig-1: a handler the worker drops */
 } mp_Detach;
-#define MP_NO_EXIT_INFO_ENV "LUA_MP_NO_PIDFD_EXIT_INFO"
 void mp_detach_learn(mp_Detach *d, int lifeline);
 void mp_detach_fresh(mp_Detach *d, pid_t parent, int lifeline,
                      int main_thread);

@@ -14,9 +14,11 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/pidfd.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 
 #include "proc.h"
+#include "sys.h"
 
 #ifndef P_PIDFD
 #define P_PIDFD 3   /* waitid by pidfd: Linux 5.4, glibc 2.36 */
@@ -63,6 +65,18 @@ struct pidfd_exit_info {
 static int pidfd_exit_info_disabled(void) {
   const char *v = getenv(NO_EXIT_INFO_ENV);
   return v != NULL && *v != '\0' && strcmp(v, "0") != 0;
+}
+
+/* The release is read without sscanf, whose code a fresh worker would
+** fault in for this alone (sys.h). */
+int mp_pidfd_keeps_status(void) {
+  struct utsname u;
+  unsigned long long major, minor;
+  const char *p = u.release;
+  if (pidfd_exit_info_disabled() || uname(&u) != 0 ||
+      !mp_read_uint(&p, &major) || *p++ != '.' || !mp_read_uint(&p, &minor))
+    return 0;
+  return major > 6 || (major == 6 && minor >= 15);
 }
 
 int mp_pidfd_exit_code(int pidfd) {

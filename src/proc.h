@@ -26,6 +26,10 @@ int  mp_status_code(int wstatus);
 /* The status the kernel kept on the pidfd of a child somebody else reaped
 ** (Linux >= 6.15), or MP_EXIT_UNKNOWN. */
 int  mp_pidfd_exit_code(int pidfd);
+/* 1 when mp_pidfd_exit_code can know: a kernel that keeps the status, and
+** not LUA_MP_NO_PIDFD_EXIT_INFO (the specs' stand-in for an older one).
+** Else a worker records its own exit (worker.c, reports.c). */
+int  mp_pidfd_keeps_status(void);
 /* 'sig' to the child (by pidfd; by pid when pidfd < 0) and to its process
 ** group, and SIGCONT after a SIGTERM, so that a stopped child dies of it
 ** at once; 0 or -errno (of the child's own signal). */

@@ -14,7 +14,6 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
-#include <sys/utsname.h>
 #include <unistd.h>
 
 #include "codec.h"
@@ -186,21 +185,6 @@ static int status_field(const char *text, const char *name, int hex,
   return end != p + strlen(name);
 }
 
-/* Linux >= 6.15 keeps a reaped child's status on its pidfd (join.c).
-** (The release is read without sscanf, whose code a fresh worker would
-** fault in for this alone: sys.h.) */
-static int kernel_keeps_status(void) {
-  struct utsname u;
-  unsigned long long major, minor;
-  const char *p = u.release;
-  const char *v = getenv(MP_NO_EXIT_INFO_ENV);
-  if (v != NULL && *v != '\0' && strcmp(v, "0") != 0) return 0;
-  if (uname(&u) != 0 || !mp_read_uint(&p, &major) || *p++ != '.' ||
-      !mp_read_uint(&p, &minor))
-    return 0;
-  return major > 6 || (major == 6 && minor >= 15);
-}
-
 void mp_detach_learn(mp_Detach *d, int lifeline) {
   char text[4096];
   uint64_t pid = 0, tgid = 0, threads = 0, blocked = 1, caught = 0;
@@ -235,7 +219,7 @@ void mp_detach_learn(mp_Detach *d, int lifeline) {
   d->threads = (int)threads;
   d->blocked = blocked != 0;
   d->handled = caught;
-  d->records = !kernel_keeps_status();
+  d->records = !mp_pidfd_keeps_status();
 }
 
 void mp_detach_fresh(mp_Detach *d, pid_t parent, int lifeline,
@@ -247,7 +231,7 @@ void mp_detach_fresh(mp_Detach *d, pid_t parent, int lifeline,
   /* exec dropped every handler but lua.c's, which catches SIGINT while a
   ** chunk runs; exec kept the mask, which the launcher emptied */
   d->handled = 1ull << (SIGINT - 1);
-  d->records = !kernel_keeps_status();
+  d->records = !mp_pidfd_keeps_status();
 }
 
 /* --- the worker ---------------------------------------------------------- */
