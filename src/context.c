@@ -278,7 +278,6 @@ static int start(lua_State *L, const mp_StartMethod *method, int nprocs,
   chans = lua_gettop(L);
   ctx = new_context(L, method, nprocs, daemon);     /* ... chans ctx */
   ctxidx = lua_gettop(L);
-  ctx->chans = chans;
   err = mp_reports_create(&ctx->reports);
   if (err != 0)
     return luaL_error(L, "cannot create the workers' report file: %s",
@@ -296,7 +295,10 @@ static int start(lua_State *L, const mp_StartMethod *method, int nprocs,
     mp_payload_release(L, ctxidx);
     return lua_error(L);          /* the codec's own message, as is */
   }
-  if (method->start(L, ctx, ctxidx, 1, 2) != 0) {
+  ctx->chans = chans;
+  err = method->start(L, ctx, ctxidx, 1, 2);
+  ctx->chans = 0;
+  if (err != 0) {
     int started = ctx->started;
     mp_context_close(L, ctx, 0);
     mp_payload_release(L, ctxidx);
@@ -304,7 +306,6 @@ static int start(lua_State *L, const mp_StartMethod *method, int nprocs,
                          "(%d started, now terminated): %s", nprocs,
                       method->name, started, lua_tostring(L, -1));
   }
-  ctx->chans = 0;
   shed(L, ctx, ctxidx);
   mp_sharing_handed(L, chans, ctx->workers, ctx->started);  /* sharing.h */
   lua_settop(L, ctxidx);
