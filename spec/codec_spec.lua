@@ -9,7 +9,8 @@ local function frt(...) return decode(encode(true, ...), true) end
 -- Builders of raw messages; the tags mirror the enum in src/codec.c.
 local T = { NIL = 0, FALSE = 1, TRUE = 2, INT = 3, FLOAT = 4, STRING = 5,
             TABLE = 6, TABLEMT = 7, REF = 8, GLOBALS = 9, MODULE = 10,
-            MODFIELD = 11, FUNCTION = 12, USERDATA = 13, UPJOIN = 14 }
+            MODFIELD = 11, FUNCTION = 12, USERDATA = 13, UPJOIN = 14,
+            KEYREF = 16 }
 local HEADER = "\xCD\1"
 
 local function varint(n)  -- n >= 0, or a float up to 2^64 for huge counts
@@ -231,6 +232,45 @@ describe("codec", function()
       assert.are.equal(msg(tbl(2, 0) .. float(0.5) .. str("ab")), encode(false, { 0.5, "ab" }))
       assert.are.equal(msg(tbl(3, 0) .. int(1) .. tag(T.NIL) .. int(3)), encode(false, { 1, nil, 3 }))
       assert.are.equal(msg(tbl(1, 1) .. int(7) .. str("k") .. tag(T.TRUE)), encode(false, { 7, k = true }))
+    end)
+
+    it("sends a short string key once a message, then its number", function()
+      -- the second record's "k" is the first key numbered: T_KEYREF 1
+      assert.are.equal(msg(tbl(2, 0) .. tbl(0, 1) .. str("k") .. int(1) .. tbl(0, 1) .. tag(T.KEYREF) .. varint(1) .. int(2)),
+                       encode(false, { { k = 1 }, { k = 2 } }))
+      -- across the values of a message too; a value that is the same string stays a string
+      assert.are.equal(msg(tbl(0, 1) .. str("k") .. str("k"), tbl(0, 1) .. tag(T.KEYREF) .. varint(1) .. str("k")),
+                       encode(false, { k = "k" }, { k = "k" }))
+      -- a key longer than 40 bytes is sent whole each time, and takes no number
+      local long = ("x"):rep(41)
+      assert.are.equal(msg(tbl(2, 0) .. tbl(0, 1) .. str(long) .. int(1) .. tbl(0, 1) .. str(long) .. int(2)),
+                       encode(false, { { [long] = 1 }, { [long] = 2 } }))
+    end)
+
+    it("keeps records of many shared and unshared keys", function()
+      local records, long = {}, ("y"):rep(60)
+      for i = 1, 3000 do
+        records[i] = { id = i, name = "name" .. i, ["k" .. i % 7] = i % 7, [long] = i,
+                       [i] = "own", tags = { "a", "b", a = true }, [("z"):rep(40)] = -i }
+      end
+      local back = rt(records)
+      assert.are.same(records, back)
+      -- the names of the fields cross about once: the list is much smaller
+      -- than its records sent one by one
+      local apart = 0
+      for i = 1, #records do apart = apart + #encode(false, records[i]) end
+      assert.is_true(#encode(false, records) < 0.75 * apart)
+    end)
+
+    it("numbers only the short string keys, in the order they come", function()
+      local long = ("q"):rep(41)
+      -- keys: a long one (no number), "x" (1), 7 (none; its value "z" is no
+      -- key), "y" (2); then the numbers 2 and 1
+      local s = msg(tbl(0, 4) .. str(long) .. int(1) .. str("x") .. int(2) .. int(7) .. str("z") .. str("y") .. int(5),
+                    tbl(0, 2) .. tag(T.KEYREF) .. varint(2) .. int(3) .. tag(T.KEYREF) .. varint(1) .. int(4))
+      local a, b = decode(s)
+      assert.are.same({ [long] = 1, x = 2, [7] = "z", y = 5 }, a)
+      assert.are.same({ y = 3, x = 4 }, b)
     end)
 
     it("keeps every entry whatever part of the table holds the items", function()
@@ -476,6 +516,17 @@ describe("codec", function()
       assert.matches("bad reference", decode_error(msg(tag(T.REF) .. "\1")), 1, true)
       assert.matches("bad reference", decode_error(msg(tbl(1, 0) .. tag(T.REF) .. "\2")), 1, true)
       assert.matches("bad reference", decode_error(msg(tag(T.REF) .. "\0")), 1, true)
+      -- a key's number: only in a key's place, only of a key already numbered
+      assert.matches("bad tag 16", decode_error(msg(tag(T.KEYREF) .. "\1")), 1, true)
+      assert.matches("bad tag 16", decode_error(msg(tbl(0, 1) .. str("k") .. tag(T.KEYREF) .. "\1")), 1, true)
+      assert.matches("bad key reference (0 keys so far)", decode_error(msg(tbl(0, 1) .. tag(T.KEYREF) .. "\1" .. tag(T.TRUE))), 1, true)
+      assert.matches("bad key reference (1 keys so far)",
+                     decode_error(msg(tbl(0, 2) .. str("k") .. tag(T.TRUE) .. tag(T.KEYREF) .. "\2" .. tag(T.TRUE))), 1, true)
+      assert.matches("bad key reference", decode_error(msg(tbl(0, 1) .. tag(T.KEYREF) .. "\0" .. tag(T.TRUE))), 1, true)
+      assert.matches("truncated", decode_error(msg(tbl(0, 1) .. tag(T.KEYREF))), 1, true)
+      -- a string value is not numbered: no key to refer to
+      assert.matches("bad key reference",
+                     decode_error(msg(tbl(1, 1) .. str("v") .. tag(T.KEYREF) .. "\1" .. tag(T.TRUE))), 1, true)
       assert.matches("unknown userdata type 'nope'",
                      decode_error(msg(tag(T.USERDATA) .. varint(4) .. "nope" .. ("\0"):rep(8))), 1, true)
     end)

@@ -16,14 +16,18 @@
 **           | T_MODFIELD str(name) str(field)     require(name)[field]
 **           | T_FUNCTION u32(len) bytecode varint(nup) upvalue{nup}
 **           | T_USERDATA str(tname) u32(nbytes) u32(nfds) bytes
-**   table   = varint(narray) u32(nhash) value{narray} (value value){nhash}
+**   table   = varint(narray) u32(nhash) value{narray} (key value){nhash}
+**   key     = value | T_KEYREF varint(k)         the k-th short string key
 **   upvalue = value | T_UPJOIN varint(k) varint(i)  shares upvalue i of the
 **                                                  k-th object (a function)
 **
 ** Objects are numbered in the order their T_TABLE, T_TABLEMT, T_FUNCTION or
 ** T_USERDATA tag appears, before their contents, so T_REF rebuilds cycles and
-** shared references across all n values.  Module references and the globals
-** are resolved by name and need no number.  Counts known only after the
+** shared references across all n values.  Keys have numbers of their own:
+** every key that is a T_STRING of at most KEY_MAXLEN bytes is numbered in
+** the order it appears, and a key met again crosses as T_KEYREF (a list of
+** records sends its field names once, not once a record).  Module
+** references and the globals are resolved by name and need no number.  Counts known only after the
 ** contents are written (hash entries, bytecode, userdata payloads) are u32s
 ** patched in place.
 **
@@ -80,6 +84,11 @@
 #define BUDGET_PER_BYTE 24
 #define BUDGET_BASE     4096
 
+/* The longest string key that is numbered (T_KEYREF): no longer than Lua's
+** short strings (LUAI_MAXSHORTLEN), which are interned, so that equal keys
+** are one string, which the encoder knows by its address. */
+#define KEY_MAXLEN 40
+
 /* The tag byte that starts every value (the grammar above).  The numbers
 ** are the format -- spec/codec_spec.lua and fuzz/make_corpus.lua write
 ** them by hand --: a new tag takes the next one, none is renumbered (15,
@@ -88,7 +97,8 @@
 typedef enum Tag {
   T_NIL = 0, T_FALSE = 1, T_TRUE = 2, T_INT = 3, T_FLOAT = 4, T_STRING = 5,
   T_TABLE = 6, T_TABLEMT = 7, T_REF = 8, T_GLOBALS = 9, T_MODULE = 10,
-  T_MODFIELD = 11, T_FUNCTION = 12, T_USERDATA = 13, T_UPJOIN = 14
+  T_MODFIELD = 11, T_FUNCTION = 12, T_USERDATA = 13, T_UPJOIN = 14,
+  T_KEYREF = 16
 } Tag;
 
 /* registry key of the table tname -> light userdata (const mp_CodecType *) */
@@ -176,10 +186,11 @@ static void box_add_fd (lua_State *L, Box *b, int fd) {
 /* --- the encoder --------------------------------------------------------- */
 
 /* Stack slots of an encoding, as offsets from the box (e->box_idx).  Tables
-** start as nil and are made when first needed, so that a message of plain
-** values costs no table at all. */
+** and memos start as nil and are made when first needed, so that a message
+** of plain values costs none. */
 enum {
-  S_SEEN = 1,   /* object -> its number */
+  S_SEEN = 1,   /* the objects' memo's slots, once it outgrows its own */
+  S_KEYS,       /* the same for the keys' memo */
   S_UPVALS,     /* lua_upvalueid -> number of its function * 256 + index */
   S_MODULES,    /* module value -> its name */
   S_FUNCS,      /* module field function -> its module's name */
@@ -187,6 +198,31 @@ enum {
   S_GLOBALS,    /* the globals table */
   S_NSLOTS
 };
+
+/* What the encoder has numbered (objects, keys), by address: a hash table
+** in C, as pickle's memo is (a Lua table keyed by the objects took a third
+** of the time a list of records took to encode).  Its first slots are the
+** memo's own (in the encoding's C frame: a small message allocates nothing
+** for them); a larger memo's are a userdata's in the memo's stack slot (an
+** error frees it with the rest).  Its keys are the addresses of objects
+** the message holds: they stay theirs while the message is encoded (only a
+** metamethod or finalizer that cuts a part out of the message while it is
+** encoded could free one, and then the receiver gets a wrong reference in
+** that part, never bad memory). */
+#define MEMO_FIRST 16   /* the memo's own slots */
+
+typedef struct MemoSlot {
+  const void *p;    /* NULL: empty */
+  lua_Integer k;
+} MemoSlot;
+
+typedef struct Memo {
+  MemoSlot *slot;   /* 'first', or a userdata's; NULL until the first use */
+  size_t mask;      /* slots - 1 (a power of two, minus one) */
+  size_t n;         /* entries */
+  int stack;        /* the slot (S_*) that holds a larger memo's userdata */
+  MemoSlot first[MEMO_FIRST];
+} Memo;
 
 struct mp_Writer {
   lua_State *L;
@@ -196,6 +232,8 @@ struct mp_Writer {
   int depth;
   int searches;        /* functions looked up in the modules by a walk */
   lua_Integer nobjs;   /* objects numbered so far */
+  lua_Integer nkeys;   /* keys numbered so far */
+  Memo seen, keys;     /* objects, short string keys -> their numbers */
   const char *to;      /* ends the "cannot send" messages */
 };
 
@@ -309,6 +347,67 @@ static void put_number (Enc *e, int idx) {
   lua_State *L = e->L;
   if (lua_isinteger(L, idx)) put_int(e, lua_tointeger(L, idx));
   else put_float(e, lua_tonumber(L, idx));
+}
+
+/* --- the encoder: memos -------------------------------------------------- */
+
+static void memo_init (Memo *m, int stack) {
+  m->slot = NULL;
+  m->mask = MEMO_FIRST - 1;
+  m->n = 0;
+  m->stack = stack;
+}
+
+/* Where 'p' is looked for first: its address over 16 (what malloc aligns
+** to), as pickle's memo hashes, folded with its high bits.  Objects made
+** one after another lie close together, and so do their slots: a walk of
+** a message goes through its memo mostly in order, where a hash that
+** scatters them costs a cache miss an object (a memo of 20,000 objects is
+** 512 KB). */
+static size_t memo_hash (const Memo *m, const void *p) {
+  uintptr_t u = (uintptr_t)p;
+  return (size_t)((u >> 4) ^ (u >> 24)) & m->mask;
+}
+
+/* The slot of 'p' in 'm', or the empty slot where it would go. */
+static size_t memo_slot (const Memo *m, const void *p) {
+  size_t i = memo_hash(m, p);
+  while (m->slot[i].p != NULL && m->slot[i].p != p) i = (i + 1) & m->mask;
+  return i;
+}
+
+/* Moves the memo into twice as many slots, a userdata's. */
+static void memo_grow (Enc *e, Memo *m) {
+  lua_State *L = e->L;
+  MemoSlot *old = m->slot;
+  size_t oldmask = m->mask, i, bytes;
+  m->mask = 2 * m->mask + 1;
+  bytes = (m->mask + 1) * sizeof(MemoSlot);
+  m->slot = (MemoSlot *)lua_newuserdatauv(L, bytes, 0);   /* slots */
+  memset(m->slot, 0, bytes);
+  for (i = 0; i <= oldmask; i++)
+    if (old[i].p != NULL) m->slot[memo_slot(m, old[i].p)] = old[i];
+  lua_replace(L, e->box_idx + m->stack);  /* the old ones may go now */
+}
+
+/* The number of 'p' in 'm', or 0 after entering p -> k (at most 3/4 of
+** the slots are used). */
+static lua_Integer memo_get (Enc *e, Memo *m, const void *p, lua_Integer k) {
+  size_t i;
+  if (m->slot == NULL) {
+    memset(m->first, 0, sizeof m->first);
+    m->slot = m->first;
+  }
+  i = memo_slot(m, p);
+  if (m->slot[i].p != NULL) return m->slot[i].k;
+  if (4 * (m->n + 1) > 3 * (m->mask + 1)) {
+    memo_grow(e, m);
+    i = memo_slot(m, p);
+  }
+  m->slot[i].p = p;
+  m->slot[i].k = k;
+  m->n++;
+  return 0;
 }
 
 /* Table slots are made on first use. */
@@ -683,20 +782,31 @@ static int is_module (Enc *e, int v) {
 /* Writes a reference when the object at 'o' was met before in this
 ** message and returns 1; otherwise numbers it (e->nobjs) and returns 0. */
 static int put_ref (Enc *e, int o) {
-  lua_State *L = e->L;
-  int seen = lazy_table(e, S_SEEN);
-  lua_pushvalue(L, o);
-  if (lua_rawget(L, seen) == LUA_TNUMBER) {
-    put_byte(e, T_REF);
-    put_varint(e, (lua_Unsigned)lua_tointeger(L, -1));
-    lua_pop(L, 1);
+  lua_Integer k = memo_get(e, &e->seen, lua_topointer(e->L, o),
+                           e->nobjs + 1);
+  if (k != 0) {
+    put_tag_varint(e, T_REF, (lua_Unsigned)k);
     return 1;
   }
-  lua_pop(L, 1);
-  lua_pushvalue(L, o);
-  lua_pushinteger(L, ++e->nobjs);
-  lua_rawset(L, seen);
+  e->nobjs++;
   return 0;
+}
+
+/* Writes the string key at 'k': a short one met before as T_KEYREF, one
+** met first numbered (the receiver numbers it as it reads it). */
+static void put_key (Enc *e, int k) {
+  size_t len;
+  const char *s = lua_tolstring(e->L, k, &len);
+  if (len <= KEY_MAXLEN) {
+    lua_Integer n = memo_get(e, &e->keys, s, e->nkeys + 1);
+    if (n != 0) {
+      put_tag_varint(e, T_KEYREF, (lua_Unsigned)n);
+      return;
+    }
+    e->nkeys++;
+  }
+  put_tag_varint(e, T_STRING, len);
+  put_bytes(e, s, len);
 }
 
 static void encode_value (Enc *e, int idx, const Step *at);
@@ -727,12 +837,13 @@ static lua_Unsigned encode_pairs (Enc *e, int t, lua_Unsigned n,
   lua_State *L = e->L;
   lua_Unsigned nhash = 0;
   do {                                                /* k v */
-    int v = lua_gettop(L);
-    if (!(lua_isinteger(L, v - 1) &&
-          (lua_Unsigned)lua_tointeger(L, v - 1) - 1 < n)) {
+    int v = lua_gettop(L), string = lua_type(L, v - 1) == LUA_TSTRING;
+    if (string || !(lua_isinteger(L, v - 1) &&
+                    (lua_Unsigned)lua_tointeger(L, v - 1) - 1 < n)) {
       Step key = {at, STEP_KEY, NULL, 0, 0};
       Step field = {at, STEP_FIELD, NULL, v - 1, 0};
-      encode_value(e, v - 1, &key);
+      if (string) put_key(e, v - 1);
+      else encode_value(e, v - 1, &key);
       encode_value(e, v, &field);
       nhash++;
     }
@@ -1068,7 +1179,9 @@ void mp_encode_spare (lua_State *L, int first, int n, int flags,
   e.flags = flags;
   e.depth = 0;
   e.searches = 0;
-  e.nobjs = 0;
+  e.nobjs = e.nkeys = 0;
+  memo_init(&e.seen, S_SEEN);
+  memo_init(&e.keys, S_KEYS);
   e.to = to;
   for (i = S_SEEN; i < S_GLOBALS; i++) lua_pushnil(L);
   lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_GLOBALS);
@@ -1154,7 +1267,8 @@ struct mp_Reader {
   int flags;
   int depth;
   int refs;                     /* stack slot: the objects, in order */
-  lua_Integer nobjs;
+  int keys;                     /* stack slot: the numbered keys, in order */
+  lua_Integer nobjs, nkeys;
   size_t budget;                /* bytes the message may still cost */
   int first;                    /* 1 until the message's first value, if a
                                    table, is begun */
@@ -1319,6 +1433,18 @@ static void push_ref (Dec *d) {
   lua_rawgeti(d->L, d->refs, (lua_Integer)k);
 }
 
+/* Gives the next key number to the string on top. */
+static void number_key (Dec *d) {
+  lua_State *L = d->L;
+  charge(d, 1, 2 * COST_SLOT, "a key");  /* its slot, as the list grows */
+  if (lua_isnil(L, d->keys)) {
+    lua_createtable(L, 8, 0);  /* a record's field names, grown but once */
+    lua_replace(L, d->keys);
+  }
+  lua_pushvalue(L, -1);
+  lua_rawseti(L, d->keys, ++d->nkeys);
+}
+
 static void decode_value (Dec *d);
 
 /* Lua cannot index with nil or NaN: a message that does is not ours. */
@@ -1332,6 +1458,30 @@ static void check_key (Dec *d, const char *at) {
   else if (type != LUA_TNIL) return;
   d->p = at;
   bad(d, type == LUA_TNIL ? "nil key" : "NaN key");
+}
+
+/* Pushes a table's key: a short string is numbered, a T_KEYREF is the
+** string of its number. */
+static void decode_key (Dec *d) {
+  lua_State *L = d->L;
+  const char *at = d->p;
+  int tag = d->p < d->end ? (unsigned char)*d->p : -1;
+  if (tag == T_KEYREF) {
+    lua_Unsigned k;
+    d->p++;
+    k = get_varint(d);
+    if (k < 1 || k > (lua_Unsigned)d->nkeys) {
+      d->p = at;
+      bad(d, "bad key reference (%I keys so far)", d->nkeys);
+    }
+    lua_rawgeti(L, d->keys, (lua_Integer)k);
+    return;
+  }
+  decode_value(d);
+  if (tag == T_STRING) {
+    if (lua_rawlen(L, -1) <= KEY_MAXLEN) number_key(d);
+  }
+  else check_key(d, at);
 }
 
 /* In DATA mode the metatable must come as a module reference: the
@@ -1449,9 +1599,7 @@ static void decode_table (Dec *d, int hasmt) {
     decode_spilled(d, t, narr);
   else decode_items(d, t, 1, narr, 0);
   for (i = 0; i < nhash; i++) {
-    const char *at = d->p;
-    decode_value(d);
-    check_key(d, at);
+    decode_key(d);
     decode_value(d);
     lua_rawset(L, t);
   }
@@ -1667,7 +1815,7 @@ int mp_decode_spill (lua_State *L, int into, const mp_Spill *spill,
   d.fd = d.fdend = 0;
   d.flags = flags;
   d.depth = 0;
-  d.nobjs = 0;
+  d.nobjs = d.nkeys = 0;
   d.budget = size > (SIZE_MAX - BUDGET_BASE) / BUDGET_PER_BYTE
              ? SIZE_MAX : BUDGET_PER_BYTE * size + BUDGET_BASE;
   if (size < 2 || (unsigned char)data[0] != CODEC_MAGIC)
@@ -1679,14 +1827,17 @@ int mp_decode_spill (lua_State *L, int into, const mp_Spill *spill,
   n = get_varint(&d);
   need(&d, n, 1, "a message of %s values");
   charge(&d, n, COST_SLOT, "a message of %s values");
-  luaL_checkstack(L, hint(n + 1), "bad message: too many values");
+  luaL_checkstack(L, hint(n + 2), "bad message: too many values");
   lua_pushnil(L);
   d.refs = lua_gettop(L);
+  lua_pushnil(L);
+  d.keys = lua_gettop(L);
   if (n == 0 || d.p == d.end || (unsigned char)*d.p != T_TABLE)
     d.first = d.into = 0;       /* the first value only, if a table */
   for (i = 0; i < n; i++) decode_value(&d);
   if (d.p != d.end)
     bad(&d, "trailing garbage (%I bytes)", (lua_Integer)left(&d));
+  lua_remove(L, d.keys);
   lua_remove(L, d.refs);
   return (int)n;
 }
