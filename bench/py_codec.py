@@ -11,6 +11,8 @@ import pickle
 import sys
 import time
 
+WARM = 2  # untimed rounds first, as bench/lua_codec.lua runs them
+
 
 def data(kind):
     if kind == "ints":
@@ -28,9 +30,9 @@ def main():
     for kind in ("ints", "floats", "strings", "nested"):
         v = data(kind)
         n = len(v)
-        pickle.loads(pickle.dumps(v, protocol=5))
         enc, dec, total = [], [], []
-        for _ in range(reps):
+        # the first WARM rounds are not kept, as in bench/lua_codec.lua
+        for r in range(WARM + reps):
             gc.collect()
             t0 = time.perf_counter()
             s = pickle.dumps(v, protocol=5)
@@ -38,6 +40,8 @@ def main():
             back = pickle.loads(s)
             t2 = time.perf_counter()
             assert len(back) == n
+            if r < WARM:
+                continue
             enc.append((t1 - t0) / n * 1e9)
             dec.append((t2 - t1) / n * 1e9)
             total.append((t2 - t0) / n * 1e9)
