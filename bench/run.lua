@@ -604,7 +604,7 @@ do
   if torchrun then
     local script = os.tmpname()
     timed("torchrun_start", QUICK and 1 or 3, 1,
-          torchrun .. " --nproc-per-node 16 " .. script, 600)
+          torchrun .. " --nproc_per_node 16 " .. script, 600)
     os.remove(script)
   else
     skips.torchrun_start = "torchrun not installed (python3-torch)"
@@ -618,7 +618,7 @@ do
               unit = "ms", is_floor = true })
   row(rows, { name = "mprun -n 16 -e ''", key = "mprun_start", unit = "ms",
               floor = "floor_spawn/16", target = { max = 1.5 } })
-  row(rows, { name = "torchrun --nproc-per-node 16 (empty script)", key = "torchrun_start",
+  row(rows, { name = "torchrun --nproc_per_node 16 (empty script)", key = "torchrun_start",
               unit = "ms", floor = "floor_spawn/16" })
   tabulate(HEAD, rows)
   local m, t = med("mprun_start"), med("torchrun_start")
