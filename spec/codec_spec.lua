@@ -262,6 +262,23 @@ describe("codec", function()
       assert.is_true(#encode(false, records) < 0.75 * apart)
     end)
 
+    it("decodes the costliest honest messages within the budget", function()
+      -- every two-byte key new: a node, a string and a key number each
+      local keys = {}
+      for i = 0, 65535 do keys[string.char(i // 256, i % 256)] = i end
+      local back = rt(keys)
+      assert.are.equal(12345, back[string.char(12345 // 256, 12345 % 256)])
+      local n = 0
+      for _ in pairs(back) do n = n + 1 end
+      assert.are.equal(65536, n)
+      -- every one-byte key new, and empty tables in an array
+      local bytes, empties = {}, {}
+      for i = 0, 255 do bytes[string.char(i)] = true end
+      for i = 1, 100000 do empties[i] = {} end
+      assert.are.same(bytes, rt(bytes))
+      assert.are.equal(100000, #rt(empties))
+    end)
+
     it("numbers only the short string keys, in the order they come", function()
       local long = ("q"):rep(41)
       -- keys: a long one (no number), "x" (1), 7 (none; its value "z" is no

@@ -79,8 +79,11 @@
 #define MAXARGS 1000000
 
 /* The decoder's budget (bytes).  What an honest message costs per byte of
-** its encoding peaks at about 17: an empty table (6 bytes) in an array
-** costs a slot, the table and its object number (charge()). */
+** its encoding peaks at about 18 (charge()): a table entry whose key is a
+** new two-byte string (5 bytes with its value) costs a node, the string
+** and the key's number; an empty table (6 bytes) in an array, a slot, the
+** table and its object number.  (New one-byte keys cost 22 a byte, but
+** there are only 256 of them: BUDGET_BASE covers them.) */
 #define BUDGET_PER_BYTE 24
 #define BUDGET_BASE     4096
 
