@@ -27,9 +27,9 @@
 ** every key that is a T_STRING of at most KEY_MAXLEN bytes is numbered in
 ** the order it appears, and a key met again crosses as T_KEYREF (a list of
 ** records sends its field names once, not once a record).  Module
-** references and the globals are resolved by name and need no number.  Counts known only after the
-** contents are written (hash entries, bytecode, userdata payloads) are u32s
-** patched in place.
+** references and the globals are resolved by name and need no number.
+** Counts known only after the contents are written (hash entries,
+** bytecode, userdata payloads) are u32s patched in place.
 **
 ** What crosses in each mode:
 ** - MP_CODEC_DATA: functions only as module fields (T_MODULE, T_MODFIELD);
