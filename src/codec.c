@@ -234,9 +234,8 @@ struct mp_Writer {
   int flags;
   int depth;
   int searches;        /* functions looked up in the modules by a walk */
-  lua_Integer nobjs;   /* objects numbered so far */
-  lua_Integer nkeys;   /* keys numbered so far */
-  Memo seen, keys;     /* objects, short string keys -> their numbers */
+  Memo seen, keys;     /* objects, short string keys -> their numbers
+                          (seen.n, keys.n: how many so far) */
   const char *to;      /* ends the "cannot send" messages */
 };
 
@@ -393,9 +392,9 @@ static void memo_grow (Enc *e, Memo *m) {
   lua_replace(L, e->box_idx + m->stack);  /* the old ones may go now */
 }
 
-/* The number of 'p' in 'm', or 0 after entering p -> k (at most 3/4 of
-** the slots are used). */
-static lua_Integer memo_get (Enc *e, Memo *m, const void *p, lua_Integer k) {
+/* The number of 'p' in 'm', or 0 after giving it the next one, m->n (at
+** most 3/4 of the slots are used). */
+static lua_Integer memo_get (Enc *e, Memo *m, const void *p) {
   size_t i;
   if (m->slot == NULL) {
     memset(m->first, 0, sizeof m->first);
@@ -408,8 +407,7 @@ static lua_Integer memo_get (Enc *e, Memo *m, const void *p, lua_Integer k) {
     i = memo_slot(m, p);
   }
   m->slot[i].p = p;
-  m->slot[i].k = k;
-  m->n++;
+  m->slot[i].k = (lua_Integer)++m->n;
   return 0;
 }
 
@@ -783,16 +781,11 @@ static int is_module (Enc *e, int v) {
 /* --- the encoder: values ------------------------------------------------- */
 
 /* Writes a reference when the object at 'o' was met before in this
-** message and returns 1; otherwise numbers it (e->nobjs) and returns 0. */
+** message and returns 1; otherwise numbers it (e->seen.n) and returns 0. */
 static int put_ref (Enc *e, int o) {
-  lua_Integer k = memo_get(e, &e->seen, lua_topointer(e->L, o),
-                           e->nobjs + 1);
-  if (k != 0) {
-    put_tag_varint(e, T_REF, (lua_Unsigned)k);
-    return 1;
-  }
-  e->nobjs++;
-  return 0;
+  lua_Integer k = memo_get(e, &e->seen, lua_topointer(e->L, o));
+  if (k != 0) put_tag_varint(e, T_REF, (lua_Unsigned)k);
+  return k != 0;
 }
 
 /* Writes the string key at 'k': a short one met before as T_KEYREF, one
@@ -801,12 +794,11 @@ static void put_key (Enc *e, int k) {
   size_t len;
   const char *s = lua_tolstring(e->L, k, &len);
   if (len <= KEY_MAXLEN) {
-    lua_Integer n = memo_get(e, &e->keys, s, e->nkeys + 1);
+    lua_Integer n = memo_get(e, &e->keys, s);
     if (n != 0) {
       put_tag_varint(e, T_KEYREF, (lua_Unsigned)n);
       return;
     }
-    e->nkeys++;
   }
   put_tag_varint(e, T_STRING, len);
   put_bytes(e, s, len);
@@ -1073,7 +1065,7 @@ static void encode_function (Enc *e, int f, const Step *at) {
   lua_dump(L, dump_writer, e, 0);  /* unstripped: tracebacks keep lines */
   lua_pop(L, 1);
   patch_u32(e, counter, e->box->size - counter - 4, "a function");
-  encode_upvalues(e, f, e->nobjs, at);
+  encode_upvalues(e, f, (lua_Integer)e->seen.n, at);
   e->depth--;
 }
 
@@ -1182,7 +1174,6 @@ void mp_encode_spare (lua_State *L, int first, int n, int flags,
   e.flags = flags;
   e.depth = 0;
   e.searches = 0;
-  e.nobjs = e.nkeys = 0;
   memo_init(&e.seen, S_SEEN);
   memo_init(&e.keys, S_KEYS);
   e.to = to;
