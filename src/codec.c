@@ -1252,6 +1252,13 @@ void mp_encoded_close (lua_State *L, int box) {
 
 /* --- the decoder --------------------------------------------------------- */
 
+/* What the decoder numbers as it reads, for the references back to it:
+** the objects and the short string keys. */
+typedef struct Numbered {
+  int slot;                     /* stack slot: its table, nil until needed */
+  lua_Integer n;                /* numbered so far */
+} Numbered;
+
 struct mp_Reader {
   lua_State *L;
   const char *start, *p, *end;  /* 'end' narrows to a userdata's payload */
@@ -1260,9 +1267,7 @@ struct mp_Reader {
   size_t fd, fdend;             /* the descriptors of the current userdata */
   int flags;
   int depth;
-  int refs;                     /* stack slot: the objects, in order */
-  int keys;                     /* stack slot: the numbered keys, in order */
-  lua_Integer nobjs, nkeys;
+  Numbered objs, keys;          /* for T_REF, for T_KEYREF */
   size_t budget;                /* bytes the message may still cost */
   int first;                    /* 1 until the message's first value, if a
                                    table, is begun */
@@ -1405,38 +1410,33 @@ static void enter_dec (Dec *d) {
   luaL_checkstack(d->L, 8, NULL);
 }
 
-/* Gives the next number to the object on top. */
-static void number_object (Dec *d) {
+/* Gives the value on top the next number of 'list' ('what' names it for
+** the budget). */
+static void number (Dec *d, Numbered *list, const char *what) {
   lua_State *L = d->L;
-  charge(d, 1, 2 * COST_SLOT, "an object");  /* its slot, as the list grows */
-  if (lua_isnil(L, d->refs)) {
+  charge(d, 1, 2 * COST_SLOT, what);  /* its slot, as the list grows */
+  if (lua_isnil(L, list->slot)) {
     lua_newtable(L);
-    lua_replace(L, d->refs);
+    lua_replace(L, list->slot);
   }
   lua_pushvalue(L, -1);
-  lua_rawseti(L, d->refs, ++d->nobjs);
+  lua_rawseti(L, list->slot, ++list->n);
+}
+
+/* Reads a number of 'list' and pushes what it numbers; a bad one is
+** reported at 'at', as "bad <kind>reference (<n> <unit> so far)". */
+static void push_numbered (Dec *d, const Numbered *list, const char *at,
+                           const char *kind, const char *unit) {
+  lua_Unsigned k = get_varint(d);
+  if (k < 1 || k > (lua_Unsigned)list->n) {
+    d->p = at;
+    bad(d, "bad %sreference (%I %s so far)", kind, list->n, unit);
+  }
+  lua_rawgeti(d->L, list->slot, (lua_Integer)k);
 }
 
 static void push_ref (Dec *d) {
-  const char *at = d->p;
-  lua_Unsigned k = get_varint(d);
-  if (k < 1 || k > (lua_Unsigned)d->nobjs) {
-    d->p = at;
-    bad(d, "bad reference (%I objects so far)", d->nobjs);
-  }
-  lua_rawgeti(d->L, d->refs, (lua_Integer)k);
-}
-
-/* Gives the next key number to the string on top. */
-static void number_key (Dec *d) {
-  lua_State *L = d->L;
-  charge(d, 1, 2 * COST_SLOT, "a key");  /* its slot, as the list grows */
-  if (lua_isnil(L, d->keys)) {
-    lua_createtable(L, 8, 0);  /* a record's field names, grown but once */
-    lua_replace(L, d->keys);
-  }
-  lua_pushvalue(L, -1);
-  lua_rawseti(L, d->keys, ++d->nkeys);
+  push_numbered(d, &d->objs, d->p, "", "objects");
 }
 
 static void decode_value (Dec *d);
@@ -1461,19 +1461,13 @@ static void decode_key (Dec *d) {
   const char *at = d->p;
   int tag = d->p < d->end ? (unsigned char)*d->p : -1;
   if (tag == T_KEYREF) {
-    lua_Unsigned k;
     d->p++;
-    k = get_varint(d);
-    if (k < 1 || k > (lua_Unsigned)d->nkeys) {
-      d->p = at;
-      bad(d, "bad key reference (%I keys so far)", d->nkeys);
-    }
-    lua_rawgeti(L, d->keys, (lua_Integer)k);
+    push_numbered(d, &d->keys, at, "key ", "keys");
     return;
   }
   decode_value(d);
   if (tag == T_STRING) {
-    if (lua_rawlen(L, -1) <= KEY_MAXLEN) number_key(d);
+    if (lua_rawlen(L, -1) <= KEY_MAXLEN) number(d, &d->keys, "a key");
   }
   else check_key(d, at);
 }
@@ -1588,7 +1582,7 @@ static void decode_table (Dec *d, int hasmt) {
   if (into && !hasmt) lua_pushvalue(L, into);   /* mp_decode_into's */
   else lua_createtable(L, hint(narr), hint(nhash));
   t = lua_gettop(L);
-  number_object(d);
+  number(d, &d->objs, "an object");
   if (first && !hasmt && d->spill && narr > (lua_Unsigned)d->spill->after)
     decode_spilled(d, t, narr);
   else decode_items(d, t, 1, narr, 0);
@@ -1688,7 +1682,7 @@ static void decode_function (Dec *d) {
     bad(d, "%s", lua_tostring(L, -1));
   }
   f = lua_gettop(L);
-  number_object(d);
+  number(d, &d->objs, "an object");
   lua_pushvalue(L, f);
   lua_getinfo(L, ">u", &ar);
   nup = get_varint(d);
@@ -1743,7 +1737,7 @@ static void decode_userdata (Dec *d) {
         type->tname, (lua_Integer)left(d), (lua_Integer)(d->fdend - d->fd));
   d->end = end;
   lua_remove(L, -2);  /* the type name */
-  number_object(d);
+  number(d, &d->objs, "an object");
   if ((d->flags & MP_CODEC_DISCARD) &&
       luaL_getmetafield(L, -1, "__close") != LUA_TNIL) {
     lua_pushvalue(L, -2);
@@ -1809,7 +1803,7 @@ int mp_decode_spill (lua_State *L, int into, const mp_Spill *spill,
   d.fd = d.fdend = 0;
   d.flags = flags;
   d.depth = 0;
-  d.nobjs = d.nkeys = 0;
+  d.objs.n = d.keys.n = 0;
   d.budget = size > (SIZE_MAX - BUDGET_BASE) / BUDGET_PER_BYTE
              ? SIZE_MAX : BUDGET_PER_BYTE * size + BUDGET_BASE;
   if (size < 2 || (unsigned char)data[0] != CODEC_MAGIC)
@@ -1823,16 +1817,16 @@ int mp_decode_spill (lua_State *L, int into, const mp_Spill *spill,
   charge(&d, n, COST_SLOT, "a message of %s values");
   luaL_checkstack(L, hint(n + 2), "bad message: too many values");
   lua_pushnil(L);
-  d.refs = lua_gettop(L);
+  d.objs.slot = lua_gettop(L);
   lua_pushnil(L);
-  d.keys = lua_gettop(L);
+  d.keys.slot = lua_gettop(L);
   if (n == 0 || d.p == d.end || (unsigned char)*d.p != T_TABLE)
     d.first = d.into = 0;       /* the first value only, if a table */
   for (i = 0; i < n; i++) decode_value(&d);
   if (d.p != d.end)
     bad(&d, "trailing garbage (%I bytes)", (lua_Integer)left(&d));
-  lua_remove(L, d.keys);
-  lua_remove(L, d.refs);
+  lua_remove(L, d.keys.slot);
+  lua_remove(L, d.objs.slot);
   return (int)n;
 }
 
