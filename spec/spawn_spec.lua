@@ -237,6 +237,50 @@ describe("the executable", function()
     assert.are.equal(self, mp.get_executable())
   end)
 
+  -- What a worker runs, seen from inside: its program, the collector's mode
+  -- (lua5.4 and the worker program run chunks generational) and 'arg'.
+  local function inside(method)
+    return mp.start_processes(function()
+      local f = io.popen("readlink /proc/$PPID/exe")
+      local exe = f:read("l")
+      f:close()
+      return { exe = exe, gc = collectgarbage("incremental") }
+    end, {}, 1, true, false, method)[1]
+  end
+
+  it("runs fresh workers as the worker program, the same Lua without readline", function()
+    local program = H.sh("readlink -f " .. BUILD .. "/multiprocessing/worker"):gsub("\n$", "")
+    local self = H.sh("readlink /proc/" .. H.pid() .. "/exe"):gsub("\n$", "")
+    assert.are.same({ exe = program, gc = "generational" }, inside("spawn"))
+    -- the forkserver is the worker program too; its workers are its forks
+    assert.are.equal(program, inside("forkserver").exe)
+    assert.are.equal(self, mp.get_executable())
+    -- chosen, the interpreter runs as itself
+    mp.set_executable(self)
+    local ok, seen = pcall(inside, "spawn")
+    mp.set_executable(nil)
+    assert.is_true(ok, seen)
+    assert.are.same({ exe = self, gc = "generational" }, seen)
+  end)
+
+  it("the worker program runs -e chunks as lua5.4 does: arg, LUA_INIT first", function()
+    local program = BUILD .. "/multiprocessing/worker"
+    local init = os.tmpname()
+    H.write(init, "from_file = 'file'\n")
+    local out = H.sh("env -u LUA_INIT_5_4 LUA_INIT='from_init = 1' " .. program ..
+                     " -e 'print(from_init, arg[0] == \"" .. program .. "\", arg[1], #arg)'" ..
+                     " -e 'print(collectgarbage(\"incremental\"))'")
+    assert.are.equal("1\ttrue\t-e\t4\ngenerational\n", out)
+    out = H.sh("LUA_INIT_5_4='@" .. init .. "' LUA_INIT='error()' " .. program ..
+               " -e 'print(from_file)'")
+    assert.are.equal("file\n", out)
+    out = H.sh("env -u LUA_INIT_5_4 LUA_INIT='error(\"no init\")' " .. program ..
+               " -e 'print(1)' 2>&1; echo \"status $?\"")
+    os.remove(init)
+    assert.truthy(out:find("^" .. program:gsub("%p", "%%%0") .. ": LUA_INIT:1: no init\n"), out)
+    assert.truthy(out:find("\nstatus 1\n$"), out)
+  end)
+
   it("set_executable refuses what it cannot execute", function()
     local ok, err = pcall(mp.set_executable, "/nonexistent/lua")
     assert.is_false(ok)

@@ -2,17 +2,19 @@
 ** executable.c -- which program a fresh worker runs, and the one line of
 ** Lua that turns it into a worker.
 **
-** The stock interpreter (lua5.4, lua, lua54...) can run a worker: it is
-** what runs us, so it is used as is.  An embedding host's own executable
-** cannot (it would start the host), so then the default is the small
-** worker program the project builds next to core.so (worker_main.c).
-** mp.set_executable(path) chooses another; the choice is kept per
-** lua_State in the registry.  Such a program (a host binary that calls
-** lmp_worker_main, multiprocessing.h) is checked on its first start in a
-** state: it must answer the worker protocol's hello (mp_await_hello), or
-** the start fails naming it, instead of "succeeding" with a program that
-** does something else.
+** The default executable is the stock interpreter (lua5.4, lua, lua54...)
+** that runs us, which can run a worker; a fresh worker runs the small
+** worker program the project builds next to core.so (worker_main.c) in
+** its place when that is the same Lua (below).  An embedding host's own
+** executable cannot run a worker (it would start the host), so there the
+** worker program is the default itself.  mp.set_executable(path) chooses
+** another; the choice is kept per lua_State in the registry.  Such a
+** program (a host binary that calls lmp_worker_main, multiprocessing.h) is
+** checked on its first start in a state: it must answer the worker
+** protocol's hello (mp_await_hello), or the start fails naming it, instead
+** of "succeeding" with a program that does something else.
 */
+#include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
@@ -65,35 +67,81 @@ static void push_core_path(lua_State *L) {
   lua_setfield(L, LUA_REGISTRYINDEX, CORE_PATH_KEY);  /* core */
 }
 
+/* Pushes the path of the worker program: beside core.so. */
+static void push_worker_program(lua_State *L) {
+  const char *core, *slash;
+  push_core_path(L);                                  /* core */
+  core = lua_tostring(L, -1);
+  slash = strrchr(core, '/');
+  lua_pushlstring(L, core, slash ? (size_t)(slash - core + 1) : 0);
+  lua_pushliteral(L, WORKER_NAME);                    /* core dir name */
+  lua_concat(L, 2);                                   /* core program */
+  lua_remove(L, -2);                                  /* program */
+}
+
 static void push_default_executable(lua_State *L) {
   char self[PATH_MAX];
   ssize_t n;
-  const char *core, *slash;
   if (lua_getfield(L, LUA_REGISTRYINDEX, DEFAULT_EXE_KEY) == LUA_TSTRING)
     return;                                           /* exe */
   lua_pop(L, 1);                                      /* */
   n = readlink("/proc/self/exe", self, sizeof self - 1);
   if (n > 0) self[n] = '\0';
-  if (n > 0 && is_stock_interpreter(self)) {
+  if (n > 0 && is_stock_interpreter(self))
     lua_pushstring(L, self);                          /* exe */
-  } else {
-    push_core_path(L);                                /* core */
-    core = lua_tostring(L, -1);
-    slash = strrchr(core, '/');
-    lua_pushlstring(L, core, slash ? (size_t)(slash - core + 1) : 0);
-    lua_pushliteral(L, WORKER_NAME);                  /* core dir name */
-    lua_concat(L, 2);                                 /* core exe */
-    lua_remove(L, -2);                                /* exe */
-  }
+  else
+    push_worker_program(L);                           /* exe */
   lua_pushvalue(L, -1);                               /* exe exe */
   lua_setfield(L, LUA_REGISTRYINDEX, DEFAULT_EXE_KEY); /* exe */
 }
 
-const char *mp_push_executable(lua_State *L) {
+/* Pushes what get_executable() says: the executable set_executable chose,
+** else the default. */
+static const char *push_executable(lua_State *L) {
   if (lua_getfield(L, LUA_REGISTRYINDEX, EXE_KEY) != LUA_TSTRING) { /* exe */
     lua_pop(L, 1);                                    /* */
     push_default_executable(L);                       /* exe */
   }
+  return lua_tostring(L, -1);
+}
+
+/* --- the worker program in place of the stock interpreter ---------------- */
+
+/* A stock lua5.4 spends a fifth of a fresh start loading readline, for a
+** REPL no worker has; the worker program (worker_main.c) is the same Lua
+** without it.  So when the executable is the default, the interpreter
+** running us, a fresh worker runs the worker program in its place, if it
+** stands in for it exactly: built beside this core.so from the same Lua
+** headers, and the running Lua is that very release (lua_ident, which
+** every Lua exports, says which; the functions a worker is sent are
+** bytecode).  get_executable() still names the interpreter: the same Lua
+** runs.  An executable set with set_executable runs as it is. */
+#define PROGRAM_KEY "multiprocessing.default_program"
+
+static int running_our_release(void) {
+  static const char ours[] = "$LuaVersion: " LUA_COPYRIGHT " $";
+  const char *running = (const char *)dlsym(RTLD_DEFAULT, "lua_ident");
+  return running != NULL && strncmp(running, ours, sizeof ours - 1) == 0;
+}
+
+const char *mp_push_program(lua_State *L) {
+  int exe;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, EXE_KEY) == LUA_TSTRING)
+    return lua_tostring(L, -1);                       /* exe */
+  lua_pop(L, 1);                                      /* */
+  if (lua_getfield(L, LUA_REGISTRYINDEX, PROGRAM_KEY) == LUA_TSTRING)
+    return lua_tostring(L, -1);                       /* program */
+  lua_pop(L, 1);                                      /* */
+  push_default_executable(L);                         /* exe */
+  exe = lua_gettop(L);
+  push_worker_program(L);                             /* exe program */
+  if (lua_rawequal(L, exe, -1) || !running_our_release() ||
+      access(lua_tostring(L, -1), X_OK) != 0)
+    lua_pop(L, 1);                                    /* exe */
+  else
+    lua_remove(L, exe);                               /* program */
+  lua_pushvalue(L, -1);
+  lua_setfield(L, LUA_REGISTRYINDEX, PROGRAM_KEY);
   return lua_tostring(L, -1);
 }
 
@@ -272,7 +320,7 @@ static int l_set_executable(lua_State *L) {
 
 static int l_get_executable(lua_State *L) {
   mp_checknoargs(L, 1);
-  mp_push_executable(L);
+  push_executable(L);
   return 1;
 }
 

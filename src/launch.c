@@ -62,7 +62,7 @@ int mp_start_fresh(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
   fds = lua_newuserdatauv(L, sizeof(int) * (MP_WFD_NFIXED + p->nfds),
                           0);                            /* payload fds */
   nfds = mp_worker_fds(ctx, p, fds);
-  mp_push_executable(L);                                 /* payload fds exe */
+  mp_push_program(L);                                    /* payload fds exe */
   fflush(NULL);  /* our buffered output first, as it would be without us */
   err = launch(L, ctx, top + 3, fds, nfds);              /* ... [msg] */
   if (err != 0) lua_replace(L, top + 1);                 /* msg ... */

@@ -509,16 +509,17 @@ void   mp_new_class(lua_State *L, const char *tname, const luaL_Reg *meta,
 
 /* --- fresh interpreters: "spawn" and "forkserver" ---------------------- */
 
-/* executable.c: the program that runs fresh workers (set_executable, or
-** the running stock interpreter, or the worker next to core.so); pushes
-** it.  mp_push_argv fills argv = {exe, "-e", a short line, NULL} for the
-** executable at stack index 'exe', and pushes and returns the environment
-** to start it with: ours, plus MP_BOOT_ENV, the chunk that loads the core
-** and calls core.<call> (argv borrows the exe string, the environment is
-** the pushed userdata).  The worker calls mp_boot_done once the core is
-** loaded: its children must not inherit the chunk. */
+/* executable.c: pushes the program that runs fresh workers: the one
+** set_executable chose, else the worker program next to core.so (in place
+** of the running stock interpreter when it is the same Lua; else that
+** interpreter).  mp_push_argv fills argv = {exe, "-e", a short line, NULL}
+** for the executable at stack index 'exe', and pushes and returns the
+** environment to start it with: ours, plus MP_BOOT_ENV, the chunk that
+** loads the core and calls core.<call> (argv borrows the exe string, the
+** environment is the pushed userdata).  The worker calls mp_boot_done once
+** the core is loaded: its children must not inherit the chunk. */
 #define MP_BOOT_ENV "LUA_MP_BOOT"
-const char *mp_push_executable(lua_State *L);
+const char *mp_push_program(lua_State *L);
 char **mp_push_argv(lua_State *L, int exe, const char *call, char *argv[4]);
 void mp_boot_done(void);
 /* An executable chosen with set_executable has answered once in this

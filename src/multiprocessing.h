@@ -88,15 +88,41 @@ static inline int lmp_traceback_(lua_State *L) {
   return 1;
 }
 
+/* Runs the `-e chunk [-e chunk ...]` of argv in L, as lua5.4 would: 1, or
+** 0 after printing the first error (with its traceback) on stderr. */
+static inline int lmp_do_chunks(lua_State *L, int argc, char **argv) {
+  const char *progname = argc > 0 ? argv[0] : "worker";
+  int i;
+  for (i = 1; i < argc; i += 2) {
+    const char *chunk = i + 1 < argc ? argv[i + 1] : NULL;
+    int status;
+    if (strcmp(argv[i], "-e") != 0 || chunk == NULL) {
+      fprintf(stderr, "%s: unexpected argument '%s' (expected -e chunk)\n",
+              progname, argv[i]);
+      return 0;
+    }
+    lua_settop(L, 0);
+    lua_pushcfunction(L, lmp_traceback_);
+    status = luaL_loadbuffer(L, chunk, strlen(chunk), "=(command line)");
+    if (status == LUA_OK) status = lua_pcall(L, 0, 0, 1);
+    if (status != LUA_OK) {
+      fprintf(stderr, "%s: %s\n", progname, lua_tostring(L, -1));
+      fflush(stderr);
+      return 0;
+    }
+  }
+  return 1;
+}
+
 /* Runs `-e chunk [-e chunk ...]` (as lua5.4 would) in a fresh state opened
 ** with 'openlibs'; the exit status: 0, or 1 after printing the error. */
 static inline int lmp_run_chunks(int argc, char **argv,
                                  lmp_Openlibs openlibs) {
-  const char *progname = argc > 0 ? argv[0] : "worker";
   lua_State *L = luaL_newstate();
-  int i, ok = 1;
+  int ok;
   if (L == NULL) {
-    fprintf(stderr, "%s: cannot create state: not enough memory\n", progname);
+    fprintf(stderr, "%s: cannot create state: not enough memory\n",
+            argc > 0 ? argv[0] : "worker");
     return 1;
   }
   if (openlibs == NULL) {
@@ -107,25 +133,7 @@ static inline int lmp_run_chunks(int argc, char **argv,
     lua_setfield(L, LUA_REGISTRYINDEX, LMP_OPENLIBS_KEY);
     openlibs(L);
   }
-  for (i = 1; ok && i < argc; i += 2) {
-    const char *chunk = i + 1 < argc ? argv[i + 1] : NULL;
-    int status;
-    if (strcmp(argv[i], "-e") != 0 || chunk == NULL) {
-      fprintf(stderr, "%s: unexpected argument '%s' (expected -e chunk)\n",
-              progname, argv[i]);
-      ok = 0;
-      break;
-    }
-    lua_settop(L, 0);
-    lua_pushcfunction(L, lmp_traceback_);
-    status = luaL_loadbuffer(L, chunk, strlen(chunk), "=(command line)");
-    if (status == LUA_OK) status = lua_pcall(L, 0, 0, 1);
-    if (status != LUA_OK) {
-      fprintf(stderr, "%s: %s\n", progname, lua_tostring(L, -1));
-      fflush(stderr);
-      ok = 0;
-    }
-  }
+  ok = lmp_do_chunks(L, argc, argv);
   lua_close(L);
   return ok ? 0 : 1;
 }
