@@ -71,10 +71,9 @@ static int spawn_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
 const mp_StartMethod mp_start_spawn = {"spawn", spawn_start};
 
 /* Sets close-on-exec on what we inherited, so that the worker's own
-** children (os.execute) do not. */
+** children (os.execute) do not (the only descriptor flag there is). */
 static void keep_private(int fd) {
-  int flags = fcntl(fd, F_GETFD);
-  if (flags >= 0) fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+  fcntl(fd, F_SETFD, FD_CLOEXEC);
 }
 
 /* _spawn_main(rank, parent_pid, nfds, hello_fd, nprocs, main_thread): in
