@@ -263,6 +263,28 @@ describe("the executable", function()
     assert.are.same({ exe = self, gc = "generational" }, seen)
   end)
 
+  it("a fresh worker catches no signal its parent did, and what its parent ignores stays ignored", function()
+    -- the parent, lua5.4, catches SIGINT (bit 1 of SigCgt) while its chunk
+    -- runs; the shell makes it ignore SIGUSR2 (bit 11 of SigIgn)
+    local out = H.run_child([[
+      local mp = require "multiprocessing"
+      local function masks()
+        local f = io.open("/proc/self/status")
+        local s = f:read("a")
+        f:close()
+        return tonumber(s:match("SigIgn:%s*(%x+)"), 16), tonumber(s:match("SigCgt:%s*(%x+)"), 16)
+      end
+      local ign, cgt = masks()
+      print("parent", ign & (1 << 11) ~= 0, cgt & (1 << 1) ~= 0)
+      for _, m in ipairs({ "spawn", "forkserver" }) do
+        local r = mp.start_processes(function() return { masks() } end, {}, 2, true, false, m)
+        -- (under the sanitizers a process catches SIGSEGV and its kin)
+        print(m, r[1][1] & (1 << 11) ~= 0, r[1][2] & (1 << 1), r[2][2] & (1 << 1))
+      end
+    ]], { command = "sh -c \"trap '' USR2; exec lua5.4 %s\"" }):wait()
+    assert.are.equal("parent\ttrue\ttrue\nspawn\ttrue\t0\t0\nforkserver\ttrue\t0\t0\n", out)
+  end)
+
   it("the worker program runs -e chunks as lua5.4 does: arg, LUA_INIT first", function()
     local program = BUILD .. "/multiprocessing/worker"
     local init = os.tmpname()

@@ -373,11 +373,14 @@ static int server_start(lua_State *L, Server *s, int si, int ei) {
   int sv[2], err;
   pid_t pid;
   int pidfd;
+  mp_Detach d;  /* our handlers, which its launch resets */
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
     return mp_push_errno(L, "socketpair", errno);
-  snprintf(call, sizeof call, "_forkserver_main(3,%ld)", (long)getpid());
+  mp_detach_learn(&d, -1);
+  snprintf(call, sizeof call, "_forkserver_main(3,%ld)", (long)d.parent);
   envp = mp_push_argv(L, ei, call, argv);                 /* envp */
-  err = mp_launch(L, argv[0], argv, envp, &sv[1], 1, &pid, &pidfd);
+  err = mp_launch(L, argv[0], argv, envp, &sv[1], 1, d.handled, &pid,
+                  &pidfd);
   close(sv[1]);
   if (err != 0) {
     close(sv[0]);
@@ -390,8 +393,8 @@ static int server_start(lua_State *L, Server *s, int si, int ei) {
   s->sock = sv[0];
   s->pidfd = pidfd;
   s->pid = pid;
-  s->owner = getpid();
-  s->main_thread = syscall(SYS_gettid) == s->owner;
+  s->owner = d.parent;
+  s->main_thread = d.main_thread;
   if ((err = mp_await_hello(L, s->sock, lua_tostring(L, ei))) != 0) {
     server_stop(s);
     return err;

@@ -89,16 +89,29 @@ typedef struct Child {
   char *const *argv, *const *envp;
   const int *fds;         /* become 3, 4, ... in the new program */
   int nfds;
+  uint64_t handled;       /* bit sig-1: the parent catches sig */
   int tmp[MP_LAUNCH_MAXFDS];
   volatile int err;       /* set by the child when it cannot exec */
 } Child;
 
-/* A handler of ours must not run in the child while it shares our memory:
-** reset every caught signal (ignored ones stay ignored, as across exec). */
+/* A handler of ours must not run in the child while it shares our memory,
+** and the child unblocks signals just before its exec: the handlers the
+** parent had when it learnt them are reset (ignored signals stay ignored,
+** as across exec).  A handler installed since, by another thread, could
+** still run only for a signal pending in the child (nobody else knows its
+** pid yet, and its group is its own): then every caught signal is reset,
+** each read first, as posix_spawn does for all of them. */
 __attribute__((no_sanitize("address", "undefined")))
-static void reset_handlers(void) {
+static void reset_handlers(uint64_t handled) {
   static const KSigaction dfl;  /* zeros: SIG_DFL; read-only */
+  uint64_t pending = 0;
   int sig;
+  for (sig = 1; handled != 0 && sig <= 64; sig++, handled >>= 1)
+    if (handled & 1)
+      syscall(SYS_rt_sigaction, sig, &dfl, NULL, KSIGSET_SIZE);
+  if (syscall(SYS_rt_sigpending, &pending, KSIGSET_SIZE) == 0 &&
+      pending == 0)
+    return;
   for (sig = 1; sig < NSIG; sig++) {
     KSigaction old;
     old.handler = SIG_DFL;
@@ -134,7 +147,7 @@ static int child_main(void *arg) {
   /* Our own process group: Ctrl-C at the terminal reaches the parent only,
   ** and killpg(pid) takes the worker's own children too. */
   syscall(SYS_setpgid, 0, 0);
-  reset_handlers();
+  reset_handlers(c->handled);
   if (place_fds(c) == 0) {
     /* Only what the protocol passes crosses: the parent's other
     ** descriptors (Lua's io.open files, a host's sockets) close at exec, as
@@ -213,8 +226,8 @@ static void reap_failed(pid_t pid, int pidfd) {
 }
 
 int mp_launch(lua_State *L, const char *exe, char *const argv[],
-              char *const envp[], const int *fds, int nfds, pid_t *pid,
-              int *pidfd) {
+              char *const envp[], const int *fds, int nfds,
+              uint64_t handled, pid_t *pid, int *pidfd) {
   int saved_errno = errno, err;
   sigset_t all, old;
   Child c;
@@ -229,6 +242,7 @@ int mp_launch(lua_State *L, const char *exe, char *const argv[],
   c.envp = envp;
   c.fds = fds;
   c.nfds = nfds;
+  c.handled = handled;
   c.err = 0;
   stack = launch_stack(L);
   if (stack == NULL) return mp_push_errno(L, "mmap", errno);

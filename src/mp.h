@@ -590,11 +590,12 @@ int  mp_start_fresh(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
                     int args, mp_FreshLaunch launch);
 /* Starts 'exe' with 'argv' and 'envp' (NULL-terminated) in its own
 ** process group, with fds[i] as descriptor 3 + i and no other of ours
-** above 2, and a pidfd made with it (the exec makes its exit signal SIGCHLD again).  0,
-** or an errno with a message pushed. */
+** above 2, and a pidfd made with it (the exec makes its exit signal
+** SIGCHLD again).  'handled': the signals we catch (mp_Detach's, learnt
+** once for a batch of launches).  0, or an errno with a message pushed. */
 #define MP_LAUNCH_MAXFDS 256
 int  mp_launch(lua_State *L, const char *exe, char *const argv[],
-               char *const envp[], const int *fds, int nfds, pid_t *pid,
-               int *pidfd);
+               char *const envp[], const int *fds, int nfds,
+               uint64_t handled, pid_t *pid, int *pidfd);
 
 #endif

@@ -19,7 +19,6 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "mp.h"
@@ -30,11 +29,11 @@
 static int spawn_launch(lua_State *L, mp_Context *ctx, int exe,
                         const int *fixed, int nfds) {
   const char *path = lua_tostring(L, exe);
-  pid_t parent = getpid();
-  int main_thread = syscall(SYS_gettid) == parent;  /* PR_SET_PDEATHSIG */
+  mp_Detach d;  /* who we are, our handlers: once for all the workers */
   int i, err = 0, hello[2] = {-1, -1};
   int *fds = lua_newuserdatauv(L, sizeof(int) * (size_t)(nfds + 1), 0);
   for (i = 0; i < nfds; i++) fds[i] = fixed[i];
+  mp_detach_learn(&d, -1);
   if (!mp_executable_verified(L, path)) {
     if (pipe2(hello, O_CLOEXEC) != 0)
       return mp_push_errno(L, "pipe", errno);
@@ -45,11 +44,11 @@ static int spawn_launch(lua_State *L, mp_Context *ctx, int exe,
     int says_hello = i == ctx->first && hello[1] >= 0;
     char *argv[4], **envp, call[112];
     snprintf(call, sizeof call, "_spawn_main(%d,%ld,%d,%d,%d,%d)", i,
-             (long)parent, nfds - MP_WFD_NFIXED,
-             says_hello ? FD_FIRST + nfds : -1, ctx->nprocs, main_thread);
+             (long)d.parent, nfds - MP_WFD_NFIXED,
+             says_hello ? FD_FIRST + nfds : -1, ctx->nprocs, d.main_thread);
     envp = mp_push_argv(L, exe, call, argv);              /* ... envp */
-    err = mp_launch(L, path, argv, envp, fds, nfds + says_hello, &w->pid,
-                    &w->pidfd);                           /* ... envp [msg] */
+    err = mp_launch(L, path, argv, envp, fds, nfds + says_hello, d.handled,
+                    &w->pid, &w->pidfd);                  /* ... envp [msg] */
     if (err == 0) {
       mp_started(ctx, i);
       lua_pop(L, 1);                                      /* ... */
