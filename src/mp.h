@@ -352,7 +352,8 @@ int  mp_raise_interrupt(lua_State *L, const char *call, const char *done);
 #define MP_MAX_ARGS 100000
 
 /* worker.c: what a worker's start needs to know of its parent, learnt
-** by the parent once per context (mp_detach_learn, before it forks) or
+** by the parent once per context (mp_detach_learn, before it forks, or
+** before a batch of launches: their children reset its 'handled') or
 ** given to a fresh worker (mp_detach_fresh). */
 typedef struct mp_Detach {
   pid_t parent;       /* the parent process: getppid must say so */
