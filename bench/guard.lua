@@ -88,7 +88,7 @@ function M.table(title) current_table = title end
 local function guarded(spec)
   if spec.is_floor then return false end
   local k = spec.key
-  return not (k:match("^py_") or k:match("^floor_") or k:match("^torchrun"))
+  return not (k:match("^py_") or k:match("^floor_") or k:match("^torch") or k:match("^parallel_"))
 end
 
 local function id_of(spec)

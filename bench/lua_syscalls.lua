@@ -5,7 +5,9 @@
 -- C floor's (build/bench/floor_fork: fork, _exit, waitpid).  Each side is
 -- counted twice, with 1 and with 1 + REPS rounds, and the difference is
 -- divided by REPS * N: what loading Lua, the library or the floor costs once
--- drops out.  (exit_group never returns, so strace -c counts it on neither
+-- drops out.  The C floor is counted bare and with what each of our workers
+-- must do (floor_fork --safe: its group, handler, lifeline, name, pidfd and
+-- sweep), {"bench":"floor_syscalls_safe",...}.  (exit_group never returns, so strace -c counts it on neither
 -- side.)  Prints {"bench":"syscalls","method":"fork","n":N,"samples":[x]},
 -- {"bench":"floor_syscalls","n":N,"samples":[x]} and the calls of ours by
 -- name in "calls"; or skips, saying why (no strace, no ptrace).
@@ -17,6 +19,7 @@ local OUT = os.tmpname()
 local function skip(why)
   B.skip("syscalls", why, { method = "fork", n = n })
   B.skip("floor_syscalls", why, { n = n })
+  B.skip("floor_syscalls_safe", why, { n = n })
 end
 
 -- The calls of a `strace -c` summary: name -> count (errors included).
@@ -70,6 +73,11 @@ local floor, ftotal = per_worker(function(r)
   return string.format("build/bench/floor_fork %d %d", r - 1, n)  -- + its warm-up round
 end)
 if not floor then skip(ftotal) os.exit(0) end
+-- the same in C with what each of our workers must do (floor_fork --safe)
+local safe, stotal = per_worker(function(r)
+  return string.format("build/bench/floor_fork --safe %d %d", r - 1, n)
+end)
+if not safe then skip(stotal) os.exit(0) end
 os.remove(OUT)
 
 local names = {}
@@ -84,3 +92,4 @@ for _, name in ipairs(names) do
 end
 B.emit { bench = "syscalls", method = "fork", n = n, samples = { ototal }, calls = table.concat(parts, ", ") }
 B.emit { bench = "floor_syscalls", n = n, samples = { ftotal } }
+B.emit { bench = "floor_syscalls_safe", n = n, samples = { stotal } }

@@ -15,7 +15,9 @@
 -- peer of the same row (its time / our time), measured in the same run.
 --
 -- Environment: BENCH_QUICK=1 for fewer repetitions (a smoke run);
--- PYTHON (default python3), LUA (default lua5.4); BENCH_TOLERANCE,
+-- PYTHON (default python3), LUA (default lua5.4), TORCH_PYTHON (a Python
+-- that imports torch, for torch's rows; default: PYTHON or /usr/bin/python3,
+-- whichever does); BENCH_TOLERANCE,
 -- BENCH_REMEASURE, BENCH_REMEASURE_BUDGET (bench/guard.lua: the closing
 -- comparison with bench/baseline.json, which measures worse rows again).
 package.path = "./bench/?.lua;" .. package.path
@@ -320,14 +322,31 @@ print(string.format("load average before the run: %s (other work on the machine 
 print("medians of repeated runs (p25..p75 beside); 'x floor' = cost per operation / the floor's,")
 print("'vs Python' = times faster than the Python peer; all ratios from this one run.")
 
-local NOPY = "python3 not found"
-local function py(keys, script, args, timeout)
-  if not has_python then
-    for _, k in ipairs(keys) do skips[k] = NOPY end
-    return
+-- Runs a peer's script under 'python' as run_or_skip does; with no such
+-- Python, its rows are skipped, saying 'why'.
+local function python_peer(python, why)
+  return function(keys, script, args, timeout)
+    if not python then
+      for _, k in ipairs(keys) do skips[k] = why end
+      return
+    end
+    run_or_skip(keys, python .. " bench/" .. script .. " " .. args, timeout, script .. " " .. args)
   end
-  run_or_skip(keys, PYTHON .. " bench/" .. script .. " " .. args, timeout, script .. " " .. args)
 end
+local py = python_peer(has_python and PYTHON, "python3 not found")
+
+-- torch's peers (torch.multiprocessing, torchrun) run under the first of
+-- $TORCH_PYTHON, $PYTHON and /usr/bin/python3 that imports torch (Debian's
+-- python3-torch is /usr/bin/python3's); with none, their rows say so.
+local TORCH_PY
+for _, p in ipairs { os.getenv("TORCH_PYTHON") or false, PYTHON, "/usr/bin/python3" } do
+  if p and shell_ok(p .. " -c 'import torch.multiprocessing'") then
+    TORCH_PY = p
+    break
+  end
+end
+local NOTORCH = "no python3 here imports torch (apt-get install python3-torch, or TORCH_PYTHON=...)"
+local torch = python_peer(TORCH_PY, NOTORCH)
 
 local function floor(keys, prog, args, timeout)
   if not shell_ok("test -x " .. BIN .. prog) then
@@ -353,10 +372,12 @@ end
 for _ = 1, 2 do
   floor(keys("floor_fork", nil, NS), "floor_fork", reps(15) .. " 1 16 64", 120)
   lua(keys("lua_start", "fork", NS), "lua_start.lua", "fork " .. reps(15) .. " 1 16 64", 120)
+  floor(keys("floor_fork_safe", nil, NS), "floor_fork", "--safe " .. reps(15) .. " 1 16 64", 120)
 end
 -- Issue 17: system calls per fork worker, ours and the floor's (strace -f -c;
 -- skipped, saying so, where strace is missing).
-lua({ "syscalls/fork/64", "floor_syscalls/64" }, "lua_syscalls.lua", reps(10) .. " 64", 180)
+lua({ "syscalls/fork/64", "floor_syscalls/64", "floor_syscalls_safe/64" }, "lua_syscalls.lua",
+    reps(10) .. " 64", 240)
 py({ "py_start/fork/1" }, "py_start.py", "fork " .. reps(30) .. " 1", 120)
 py({ "py_start/fork/16" }, "py_start.py", "fork " .. reps(10) .. " 16", 120)
 py({ "py_start/fork/64" }, "py_start.py", "fork " .. reps(5) .. " 64", 120)
@@ -366,6 +387,7 @@ for _ = 1, 2 do
   lua({ "lua_fail" }, "lua_fail.lua", reps(10), 120)
 end
 py({ "py_fail" }, "py_fail.py", reps(20), 120)
+torch({ "torch_fail" }, "py_torch.py", "fail " .. reps(5), 180)
 
 -- Issue 3: 16 trivial workers under each start method.
 for _ = 1, 2 do
@@ -377,6 +399,13 @@ for _ = 1, 2 do
 end
 py({ "py_start/spawn/16" }, "py_start.py", "spawn " .. reps(5) .. " 16", 150)
 py({ "py_start/forkserver/16" }, "py_start.py", "forkserver " .. reps(7) .. " 16", 150)
+torch({ "torch_start/fork/16" }, "py_torch.py", "start fork " .. reps(5) .. " 16", 180)
+-- each spawned torch worker imports torch (~1.5 s of CPU): one round
+if QUICK then
+  skips["torch_start/spawn/16"] = "BENCH_QUICK: torch's spawn takes ~25 s for 16"
+else
+  torch({ "torch_start/spawn/16" }, "py_torch.py", "start spawn 1 16", 300)
+end
 
 -- Issue 4: messages.
 -- Two rounds of 3 repetitions each, floor, ours and Python's in turn.
@@ -443,10 +472,18 @@ for _, n in ipairs(NS) do
               floor = fk, py = "py_start/fork/" .. n, target = { max = 1.5 } })
   row(rows, { name = "python multiprocessing fork", key = "py_start/fork/" .. n, unit = "ms",
               floor = fk })
+  row(rows, { name = "C floor + each worker's guarantees", key = "floor_fork_safe/" .. n, unit = "ms",
+              floor = fk })
   print("")
   print(string.format("N = %d", n))
   tabulate(HEAD, rows)
+  local l, g = med("lua_start/fork/" .. n), med("floor_fork_safe/" .. n)
+  if l and g then
+    print(string.format("    lua against the floor with the guarantees: %s", fmtx(l / g)))
+  end
 end
+print("    the guarantees: the child's own group, SIGINT's handler dropped, the lifeline, its name;")
+print("    the parent's pidfd, group sweep and reap through it (bench/floor_fork.c --safe)")
 
 section("Issue 2: failure latency, 8 fork workers, worker 3 raises, the others sleep")
 do
@@ -460,7 +497,11 @@ do
   row(rows, { name = "python wait loop: start -> exception, reaped", key = "py_fail", unit = "ms" })
   row(rows, { name = "python: starting the 8", key = "py_fail", field = "start", unit = "ms",
               floor = "floor_fork/8" })
+  row(rows, { name = "torch start_processes: start -> ProcessRaisedException", key = "torch_fail",
+              unit = "ms" })
   tabulate(HEAD, rows)
+  local l, t = med("lua_fail"), med("torch_fail")
+  if l and t then print(string.format("    vs torch: %s faster", fmtx(t / l))) end
   local lf, pf = results.lua_fail, results.py_fail
   local function after(r)
     if not r then return nil end
@@ -495,7 +536,17 @@ do
   row(rows, { name = "python spawn", key = "py_start/spawn/16", unit = "ms", floor = "floor_spawn/16" })
   row(rows, { name = "python forkserver (server running)", key = "py_start/forkserver/16", unit = "ms",
               floor = "floor_fork/16" })
+  row(rows, { name = "torch start_processes, fork", key = "torch_start/fork/16", unit = "ms",
+              floor = "floor_fork/16" })
+  row(rows, { name = "torch start_processes, spawn (one round)", key = "torch_start/spawn/16",
+              unit = "ms", floor = "floor_spawn/16" })
   tabulate(HEAD, rows)
+  local vs = {}
+  for _, m in ipairs { "fork", "spawn" } do
+    local l, t = med("lua_start/" .. m .. "/16"), med("torch_start/" .. m .. "/16")
+    if l and t then vs[#vs + 1] = string.format("%s %s", m, fmtx(t / l)) end
+  end
+  if #vs > 0 then print("    vs torch (times faster): " .. table.concat(vs, ", ")) end
   print("    x floor: spawn rows against the posix_spawn floor, fork and forkserver rows against the fork floor")
 end
 
@@ -506,6 +557,8 @@ do
               is_floor = true })
   row(rows, { name = "lua mp.start_processes fork, 64 workers", key = "syscalls/fork/64",
               unit = "calls", floor = "floor_syscalls/64", target = { abs = 12 } })
+  row(rows, { name = "C floor + each worker's guarantees", key = "floor_syscalls_safe/64",
+              unit = "calls", floor = "floor_syscalls/64" })
   tabulate(HEAD, rows)
   local r = results["syscalls/fork/64"]
   if r and r.calls then print("    ours by call: " .. r.calls) end
@@ -600,14 +653,26 @@ do
     timed("lines_direct", reps(5), 4, LUA .. " -e " .. chunk, 300)
     timed("lines_mprun", reps(5), 1, MPRUN .. " -n 4 --quiet -e " .. chunk, 300)
   end
-  local torchrun = readline("command -v torchrun")
-  if torchrun then
+  -- torchrun: torch's own launcher, mended for Debian's torch 1.13 under
+  -- Python 3.11 (bench/torchrun.py says how); GNU parallel: the shell's
+  -- way to run 16 programs at once, and to relay their lines tagged
+  if TORCH_PY then
     local script = os.tmpname()
     timed("torchrun_start", QUICK and 1 or 3, 1,
-          torchrun .. " --nproc_per_node 16 " .. script, 600)
+          TORCH_PY .. " bench/torchrun.py --nproc_per_node 16 " .. script, 600)
     os.remove(script)
   else
-    skips.torchrun_start = "torchrun not installed (python3-torch)"
+    skips.torchrun_start = NOTORCH
+  end
+  if shell_ok("command -v parallel") then
+    local ranks = "::: 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15"
+    timed("parallel_start", reps(5), 1,
+          "parallel --will-cite -j 16 -N0 " .. LUA .. " -e \"''\" " .. ranks, 120)
+    timed("parallel_lines", reps(5), 1, "parallel --will-cite -q -j 4 --line-buffer --tag env RANK={} "
+          .. LUA .. " -e " .. chunk .. " ::: 0 1 2 3", 300)
+  else
+    skips.parallel_start = "GNU parallel not installed (apt-get install parallel)"
+    skips.parallel_lines = skips.parallel_start
   end
 
   section("Issue 10: mprun")
@@ -620,9 +685,14 @@ do
               floor = "floor_spawn/16", target = { max = 1.5 } })
   row(rows, { name = "torchrun --nproc_per_node 16 (empty script)", key = "torchrun_start",
               unit = "ms", floor = "floor_spawn/16" })
+  row(rows, { name = "GNU parallel -j 16, 16 x lua5.4 -e ''", key = "parallel_start",
+              unit = "ms", floor = "floor_spawn/16" })
   tabulate(HEAD, rows)
-  local m, t = med("mprun_start"), med("torchrun_start")
-  if m and t then print(string.format("    torchrun / mprun: %s", fmtx(t / m))) end
+  local m = med("mprun_start")
+  for _, peer in ipairs { { "torchrun", "torchrun_start" }, { "GNU parallel", "parallel_start" } } do
+    local t = med(peer[2])
+    if m and t then print(string.format("    %s / mprun: %s", peer[1], fmtx(t / m))) end
+  end
 
   rows = {}
   print("")
@@ -630,6 +700,8 @@ do
   row(rows, { name = "4 x lua5.4 writing straight to the file (floor)", key = "lines_direct",
               unit = "ms", is_floor = true })
   row(rows, { name = "mprun -n 4, prefixed lines relayed to the file", key = "lines_mprun",
+              unit = "ms", floor = "lines_direct" })
+  row(rows, { name = "GNU parallel -j 4 --line-buffer --tag, the same 4", key = "parallel_lines",
               unit = "ms", floor = "lines_direct" })
   tabulate(HEAD, rows)
   local l = med("lines_mprun")

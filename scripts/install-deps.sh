@@ -11,6 +11,9 @@ packages="$packages openmpi-bin mpich slurmctld slurmd slurm-client munge iprout
 packages="$packages luarocks lua-check lua-luv lua-cqueues"
 # strace: make bench counts the system calls of a fork worker with it.
 packages="$packages strace"
+# `install-deps.sh bench`: also the peers make bench measures us against
+# (GNU parallel; torch, ~300 MB); without them their rows say so.
+[ "${1:-}" = bench ] && packages="$packages parallel python3-torch"
 
 missing=""
 for p in $packages; do
