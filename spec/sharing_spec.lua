@@ -201,6 +201,30 @@ for _, method in ipairs(H.methods) do
         -- after_each: nothing else of the worker's is left in /dev/shm
       end)
 
+      it("gives back what a SIGKILLed worker held after it forked workers of its own", function()
+        -- its forks found a ledger of their own in its registry; its own
+        -- is back in place for what it holds after them
+        local q <close> = mp.Queue()
+        local from_parent <close> = mp.Array("int32", 1)
+        q:put(from_parent)
+        local ok, e = pcall(mp.start_processes, function(_, qq)
+          local inner = mp.start_processes(function(i)
+            local mine = mp.Array("int32", 1)   -- an inner worker's own, given back
+            mine[1] = i
+            return i
+          end, {}, 2, true, false, "fork")
+          local got = qq:get()
+          got[1] = inner[2] + 6
+          local made = mp.Array("int32", 2)
+          made[1] = 1
+          os.execute("kill -9 " .. io.open("/proc/self/stat"):read("a"):match("^(%d+)"))
+        end, { q }, 1, true, false, method)
+        assert.is_false(ok)
+        assert.matches("SIGKILL", tostring(e))
+        assert.are.equal(7, from_parent[1])
+        -- after_each: nothing of the worker's is left in /dev/shm
+      end)
+
       it("copies a private array", function()
         local p <close> = mp.Array("int32", { 1 }, { shared = false })
         local q <close> = mp.Queue()

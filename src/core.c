@@ -18,6 +18,14 @@ int mp_push_errno(lua_State *L, const char *what, int err) {
   return err;
 }
 
+void mp_swap_registry(lua_State *L, const char *key, int idx) {
+  idx = lua_absindex(L, idx);
+  lua_getfield(L, LUA_REGISTRYINDEX, key);          /* old */
+  lua_pushvalue(L, idx);                            /* old new */
+  lua_setfield(L, LUA_REGISTRYINDEX, key);          /* old */
+  lua_replace(L, idx);                              /* */
+}
+
 /* Registers 'methods' into the table at the top, each a closure whose
 ** upvalue 1 is its public name, "Type.method" (args.c reads it). */
 static void set_methods(lua_State *L, const char *tname,

@@ -202,7 +202,8 @@ static void worker_child(lua_State *sub, const Job *job, int rank) {
 }
 
 /* Protected, in the request's own state: the payload -> fn, args, and the
-** set of the channels they hold, collected once for all the workers. */
+** set of the channels they hold, collected once for all the workers, who
+** also find their identity (the payload's) and their ledger in place. */
 static int prepare(lua_State *L) {
   Job *job = lua_touserdata(L, 1);
   lua_pop(L, 1);
@@ -215,6 +216,8 @@ static int prepare(lua_State *L) {
   mp_payload_load(L, job->fds[MP_WFD_PAYLOAD], job->fds + MP_WFD_NFIXED,
                   job->nfds - MP_WFD_NFIXED);                 /* fn args */
   mp_sharing_collect(L, 1, 2);                                /* fn args chans */
+  mp_ledger_new(L, job->fds[MP_WFD_REPORTS]);           /* fn args chans ledger */
+  lua_setfield(L, LUA_REGISTRYINDEX, MP_LEDGER_KEY);          /* fn args chans */
   return 3;
 }
 

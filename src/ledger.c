@@ -28,7 +28,6 @@
 #include "sharing.h"
 
 #define LEDGER_T   "multiprocessing.Ledger"
-#define LEDGER_KEY "multiprocessing.ledger"
 
 enum { UV_NAMES = 1, UV_COUNTS, UV_SPARE, UV_N = UV_SPARE };
 
@@ -61,18 +60,30 @@ static int put(int fd, const void *p, size_t n, off_t at) {
 }
 
 /* Its tables come with the first reference: most workers never take one.
-** 'self' is the worker's pid, which it learnt as it detached. */
+** Owned by nobody (0) until a worker takes it. */
+void mp_ledger_new(lua_State *L, int fd) {
+  Ledger *g = (Ledger *)lua_newuserdatauv(L, sizeof(Ledger), UV_N); /* g */
+  memset(g, 0, sizeof *g);
+  g->fd = fd;
+  luaL_newmetatable(L, LEDGER_T);   /* g mt: a name for luaL_testudata */
+  lua_setmetatable(L, -2);                            /* g */
+}
+
+/* 'self' is the worker's pid, which it learnt as it detached. */
 void mp_ledger_open(lua_State *L, int fd, off_t at, pid_t self,
                     const mp_Mark *mark) {
-  Ledger *g = (Ledger *)lua_newuserdatauv(L, sizeof(Ledger), UV_N); /* g */
-  g->fd = fd;
+  Ledger *g;
+  lua_getfield(L, LUA_REGISTRYINDEX, MP_LEDGER_KEY);  /* g|x */
+  g = (Ledger *)luaL_testudata(L, -1, LEDGER_T);
+  lua_pop(L, 1);                                      /* */
+  if (g == NULL || g->owner != 0 || g->fd != fd) {
+    mp_ledger_new(L, fd);                             /* g */
+    g = (Ledger *)lua_touserdata(L, -1);
+    lua_setfield(L, LUA_REGISTRYINDEX, MP_LEDGER_KEY);  /* */
+  }
   g->mark = *mark;
   g->at = at;
   g->owner = self;
-  g->used = 0;
-  luaL_newmetatable(L, LEDGER_T);   /* g mt: a name for luaL_testudata */
-  lua_setmetatable(L, -2);                            /* g */
-  lua_setfield(L, LUA_REGISTRYINDEX, LEDGER_KEY);     /* */
 }
 
 /* Pushes this process's ledger and returns it, or returns NULL and pushes
@@ -80,7 +91,7 @@ void mp_ledger_open(lua_State *L, int fd, off_t at, pid_t self,
 static Ledger *own_ledger(lua_State *L) {
   Ledger *g;
   int uv;
-  lua_getfield(L, LUA_REGISTRYINDEX, LEDGER_KEY);     /* g */
+  lua_getfield(L, LUA_REGISTRYINDEX, MP_LEDGER_KEY);  /* g */
   g = (Ledger *)luaL_testudata(L, -1, LEDGER_T);
   if (g == NULL || g->owner != getpid()) {
     lua_pop(L, 1);                                    /* */

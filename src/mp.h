@@ -380,16 +380,19 @@ void mp_worker_detach(mp_Detach *d, int slot);
 ** descriptors; 0 or errno. */
 int  mp_lifeline_create(int lifeline[2]);
 /* What a worker knows of itself (mp.current_process): a registry table
-** {rank=, daemon=}; none in a process that is not a worker. */
+** {rank=, daemon=, job=} (job: the pid of the process that started it);
+** none in a process that is not a worker. */
 #define MP_WORKER_KEY "multiprocessing.worker"
-/* Before mp_worker_run (which sets the rank in it): the worker's identity
-** table, its context daemonic or not. */
+/* Before mp_worker_run (which sets the rank and the job in it): the
+** worker's identity table, its context daemonic or not. */
 void mp_worker_daemon(lua_State *L, int daemon);
-/* The same in two steps, for forks: the parent pushes the identity table
-** (rank 0) before it forks, and each child takes the table at 'idx' as its
-** own (mp_worker_run sets its rank): a fork allocates nothing for it. */
+/* The same for forks: the parent pushes the identity table before it
+** forks and leaves it under MP_WORKER_KEY for the children
+** (mp_swap_registry): a fork allocates nothing for it. */
 void mp_worker_identity_new(lua_State *L, int daemon);
-void mp_worker_identity(lua_State *L, int idx);
+/* The job of this worker (its identity's), or 0 in a process that is not
+** a worker. */
+pid_t mp_worker_job(lua_State *L);
 /* Runs fn(rank, table.unpack(args)), reports, and never returns; the
 ** worker's title is "lua worker <rank>/<nprocs> (<script>)" until fn sets
 ** another.  'chans': the stack index of the set of channels fn and args
@@ -498,6 +501,10 @@ static inline void mp_stack_check(lua_State *L, int top, int effect) {
 ** mp.set_warning_handler, else one line on stderr. */
 void   mp_warning(lua_State *L, const char *msg);
 int    mp_push_errno(lua_State *L, const char *what, int err); /* pushes msg */
+/* Exchanges registry[key] and the value at stack index 'idx': a start puts
+** in place what its forks find there before it forks, and the old value
+** back after, one call each. */
+void   mp_swap_registry(lua_State *L, const char *key, int idx);
 void   mp_push_method(lua_State *L);         /* for __index, see core.c */
 /* Creates (and leaves on the stack) the metatable 'tname' of a type, with
 ** the metamethods 'meta' and the 'methods' (or NULL): they are its __index,

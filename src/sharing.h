@@ -50,9 +50,6 @@ int  mp_seg_head_from_name(lua_State *L, mp_Seg *s, const char *name,
 void mp_seg_close(mp_Seg *s);
 /* Removes the name of a MP_SEG_NAME segment and tells the tracker. */
 void mp_seg_unlink(lua_State *L, mp_Seg *s);
-/* In a worker of 'job' (its parent): a tracker it starts keeps the names
-** it made while the job runs and they exist (see shm.c). */
-void mp_sharing_worker(lua_State *L, pid_t job);
 /* A segment mapped once per lua_State and shared by all the Arrays on it:
 ** receiving memory that is already mapped here (the same memfd by st_dev
 ** and st_ino, the same file_system name) reuses the mapping instead of
@@ -87,8 +84,16 @@ void mp_array_give_back(lua_State *L, const char *name, int64_t n);
 /* --- ledger.c: the file_system references a worker holds --- */
 /* Room for a worker's ledger at the end of its report slot (reports.c). */
 #define MP_LEDGER_BYTES ((off_t)3 << 20)
+/* Where a worker's ledger is found: the registry, under this key. */
+#define MP_LEDGER_KEY "multiprocessing.ledger"
+/* Pushes a ledger on the report memfd 'fd' that no worker holds yet: a
+** parent makes one for all the workers it is about to fork (or clone), and
+** leaves it under MP_LEDGER_KEY for them. */
+void mp_ledger_new(lua_State *L, int fd);
 /* In worker 'self': its ledger is at 'at' in the report memfd 'fd'; 'mark'
-** is set before the first entry is written. */
+** is set before the first entry is written.  The one its parent left for
+** it is taken (a few stores: a fork allocates nothing, enters nothing in
+** its registry), else a new one is made. */
 void mp_ledger_open(lua_State *L, int fd, off_t at, pid_t self,
                     const struct mp_Mark *mark);
 /* This process took (+1) or gave back (-1) a reference on 'name'. */

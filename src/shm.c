@@ -42,7 +42,6 @@
 #define STRATEGY_KEY "multiprocessing.sharing_strategy"
 #define TRACKER_T    "multiprocessing.Tracker"
 #define TRACKER_KEY  "multiprocessing.tracker"
-#define JOB_KEY      "multiprocessing.tracker.job"  /* a worker's parent */
 
 /* --- strategies ---------------------------------------------------------- */
 
@@ -193,11 +192,6 @@ static void tracker_main(TrackTable *t, pid_t creator, pid_t job) {
   _exit(0);
 }
 
-void mp_sharing_worker(lua_State *L, pid_t job) {
-  lua_pushinteger(L, job);
-  lua_setfield(L, LUA_REGISTRYINDEX, JOB_KEY);
-}
-
 /* The owner's lua_State is closing: the tracker cleans up and leaves. */
 static int tracker_gc(lua_State *L) {
   Tracker *t = (Tracker *)luaL_checkudata(L, 1, TRACKER_T);
@@ -229,12 +223,9 @@ static int random_bytes(void *p, size_t n) {
 
 static Tracker *get_tracker(lua_State *L) {
   Tracker *t;
-  pid_t parent = getpid(), pid, job;
+  pid_t parent = getpid(), pid, job = mp_worker_job(L);
   siginfo_t si;
   void *m;
-  lua_getfield(L, LUA_REGISTRYINDEX, JOB_KEY);                /* job */
-  job = (pid_t)lua_tointeger(L, -1);
-  lua_pop(L, 1);                                              /* */
   if (lua_getfield(L, LUA_REGISTRYINDEX, TRACKER_KEY) == LUA_TUSERDATA) {
     t = (Tracker *)lua_touserdata(L, -1);                     /* tracker */
     lua_pop(L, 1);                                            /* */

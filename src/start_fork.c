@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "mp.h"
+#include "sharing.h"
 
 /* When the host ignores SIGCHLD (or handles it, and may reap), a child that
 ** exits at once could be reaped before we hold its pidfd, and its status
@@ -64,6 +65,15 @@ static void collect_credit(lua_State *L) {
   lua_gc(L, LUA_GCSTEP, -CREDIT);
 }
 
+/* What each child finds in its registry, made once here: its identity
+** and its ledger (a child that made its own, or entered one, would write
+** to pages of the heap it shares with us, each a page fault).  At 'at':
+** the values to leave there; on return, the values they replaced. */
+static void swap_in_place(lua_State *L, int at) {
+  mp_swap_registry(L, MP_WORKER_KEY, at);
+  mp_swap_registry(L, MP_LEDGER_KEY, at + 1);
+}
+
 static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
                       int args) {
   mp_Detach d;
@@ -74,13 +84,13 @@ static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
   mp_detach_learn(&d, ctx->lifeline[0]);
   warn_if_threaded(L, d.threads);
   mp_title_prepare(L);  /* the children set their titles without /proc */
+  if (host_may_reap() && pipe2(gate, O_CLOEXEC) != 0)
+    return mp_push_errno(L, "pipe", errno);
   mp_worker_identity_new(L, ctx->daemon);             /* id */
   id = lua_gettop(L);
+  mp_ledger_new(L, ctx->reports.fd);                  /* id ledger */
   collect_credit(L);
-  if (host_may_reap() && pipe2(gate, O_CLOEXEC) != 0) {
-    lua_pop(L, 1);                                    /* */
-    return mp_push_errno(L, "pipe", errno);
-  }
+  swap_in_place(L, id);                               /* old_id old_ledger */
   /* Anything still buffered would otherwise be printed by every child. */
   fflush(NULL);
   for (i = ctx->first; i < ctx->last && err == 0; i++) {
@@ -97,7 +107,6 @@ static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
       int slot = ctx->lifeline[1];
       ctx->lifeline[0] = ctx->lifeline[1] = -1;
       mp_worker_detach(&d, slot);
-      mp_worker_identity(L, id);
       if (gate[0] >= 0) {
         close(gate[1]);
         wait_at_gate(gate[0]);
@@ -122,6 +131,8 @@ static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
     close(gate[0]);
     close(gate[1]);
   }
+  swap_in_place(L, id);                               /* id ledger [error] */
+  lua_remove(L, id);
   lua_remove(L, id);                                  /* [error] */
   return err;
 }

@@ -539,33 +539,34 @@ static int run_worker(lua_State *L) {
   return 1;
 }
 
-/* The identity table {rank=, daemon=} is made whole by the parent: a fork
-** that made it, or only added a key to the registry, would allocate, and
-** each first write to a page of the parent's heap is a page fault in it.
-** The registry's key is made here too (false until a worker's table takes
-** its place): a non-worker's registry gains it once. */
+/* The identity table {rank=, daemon=, job=} is made whole by the parent:
+** a fork that made it, or only added a key to it or to the registry, would
+** allocate, and each first write to a page of the parent's heap is a page
+** fault in it; mp_worker_run only stores the rank and the job in it. */
 void mp_worker_identity_new(lua_State *L, int daemon) {
-  if (lua_getfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY) == LUA_TNIL) {
-    lua_pushboolean(L, 0);                          /* nil false */
-    lua_setfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY);  /* nil */
-  }
-  lua_pop(L, 1);                                    /* */
-  lua_createtable(L, 0, 2);                         /* id */
+  lua_createtable(L, 0, 3);                         /* id */
   lua_pushboolean(L, daemon);                       /* id daemon */
   lua_setfield(L, -2, "daemon");                    /* id */
   lua_pushinteger(L, 0);                            /* id 0 */
   lua_setfield(L, -2, "rank");                      /* id */
-}
-
-void mp_worker_identity(lua_State *L, int idx) {
-  lua_pushvalue(L, idx);                            /* id */
-  lua_setfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY);  /* */
+  lua_pushinteger(L, 0);                            /* id 0 */
+  lua_setfield(L, -2, "job");                       /* id */
 }
 
 void mp_worker_daemon(lua_State *L, int daemon) {
   mp_worker_identity_new(L, daemon);                /* id */
-  mp_worker_identity(L, -1);
+  lua_setfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY);  /* */
+}
+
+pid_t mp_worker_job(lua_State *L) {
+  pid_t job = 0;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY) == LUA_TTABLE) {
+    lua_getfield(L, -1, "job");                     /* id job */
+    job = (pid_t)lua_tointeger(L, -1);
+    lua_pop(L, 1);                                  /* id */
+  }
   lua_pop(L, 1);                                    /* */
+  return job;
 }
 
 /* Appends the script a plain worker's title names: the parent's arg[0]
@@ -609,14 +610,16 @@ void mp_worker_run(lua_State *L, int fn, int args, int chans, int rank,
   args = lua_absindex(L, args);
   if (chans != 0) chans = lua_absindex(L, chans);
   set_default_title(L, fn, rank, nprocs);
-  /* the identity table: mp_worker_daemon's or mp_worker_identity's */
+  /* the identity table: mp_worker_daemon's, or the one a fork's parent
+  ** left in the registry (mp_swap_registry) */
   if (lua_getfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY) == LUA_TTABLE) {
     lua_pushinteger(L, rank);                         /* id rank */
     lua_setfield(L, -2, "rank");                      /* id */
+    lua_pushinteger(L, d->parent);                    /* id job */
+    lua_setfield(L, -2, "job");                       /* id */
   }
   lua_pop(L, 1);                                      /* */
   if (d->records) watch_exit(to, rank, d->self);
-  mp_sharing_worker(L, d->parent);
   ledger = mp_reports_ledger_mark(to, rank);
   mp_ledger_open(L, to->fd, mp_reports_ledger_at(rank), d->self, &ledger);
   /* Nothing may unwind past here: in a fork, what lies below is a copy
