@@ -390,9 +390,6 @@ void mp_worker_daemon(lua_State *L, int daemon);
 ** forks and leaves it under MP_WORKER_KEY for the children
 ** (mp_swap_registry): a fork allocates nothing for it. */
 void mp_worker_identity_new(lua_State *L, int daemon);
-/* The job of this worker (its identity's), or 0 in a process that is not
-** a worker. */
-pid_t mp_worker_job(lua_State *L);
 /* Runs fn(rank, table.unpack(args)), reports, and never returns; the
 ** worker's title is "lua worker <rank>/<nprocs> (<script>)" until fn sets
 ** another.  'chans': the stack index of the set of channels fn and args

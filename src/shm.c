@@ -221,9 +221,22 @@ static int random_bytes(void *p, size_t n) {
   return 0;
 }
 
+/* The job of this worker (its identity table's, MP_WORKER_KEY), or 0 in
+** a process that is not a worker. */
+static pid_t worker_job(lua_State *L) {
+  pid_t job = 0;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY) == LUA_TTABLE) {
+    lua_getfield(L, -1, "job");                               /* id job */
+    job = (pid_t)lua_tointeger(L, -1);
+    lua_pop(L, 1);                                            /* id */
+  }
+  lua_pop(L, 1);                                              /* */
+  return job;
+}
+
 static Tracker *get_tracker(lua_State *L) {
   Tracker *t;
-  pid_t parent = getpid(), pid, job = mp_worker_job(L);
+  pid_t parent = getpid(), pid, job = worker_job(L);
   siginfo_t si;
   void *m;
   if (lua_getfield(L, LUA_REGISTRYINDEX, TRACKER_KEY) == LUA_TUSERDATA) {

@@ -558,17 +558,6 @@ void mp_worker_daemon(lua_State *L, int daemon) {
   lua_setfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY);  /* */
 }
 
-pid_t mp_worker_job(lua_State *L) {
-  pid_t job = 0;
-  if (lua_getfield(L, LUA_REGISTRYINDEX, MP_WORKER_KEY) == LUA_TTABLE) {
-    lua_getfield(L, -1, "job");                     /* id job */
-    job = (pid_t)lua_tointeger(L, -1);
-    lua_pop(L, 1);                                  /* id */
-  }
-  lua_pop(L, 1);                                    /* */
-  return job;
-}
-
 /* Appends the script a plain worker's title names: the parent's arg[0]
 ** (the script lua5.4 ran), else the chunk fn was defined in.  Nothing is
 ** allocated: in a forked worker an allocation may start a collection step,
