@@ -296,7 +296,10 @@ end
 
 -- The baseline made from one or more full runs (newest first): per guarded
 -- ratio, the median over the runs that have it and, from two runs on, its
--- spread: how much worse the worst run was than the best (0.22 = 22 %).
+-- spread: how much worse the worst run was than the best (0.22 = 22 %) --
+-- or the spread it had in 'previous' (the baseline being replaced), when
+-- that is wider: a row's noise is this machine's, not a commit's, and three
+-- runs that happened to agree do not make a noisy row steady.
 local function median_of(t)
   local s = {}
   for i, x in ipairs(t) do s[i] = x end
@@ -306,11 +309,12 @@ local function median_of(t)
   return (s[n // 2] + s[n // 2 + 1]) / 2
 end
 
-function M.baseline_of(runs)
+function M.baseline_of(runs, previous)
   local b = { about = "ratios of `make bench` rows (x_floor: cost / the floor's, lower is better; "
                 .. "vs_python: times faster than Python's peer, higher is better), the median over the "
                 .. "runs in 'runs'; 'spread': how much worse the worst of them was than the best (0.2: "
-                .. "20 %), a ratio's tolerance where wider than 15 %; bench/guard.lua compares each run with them",
+                .. "20 %), or the spread in the baseline they replaced where that was wider; a ratio's "
+                .. "tolerance where wider than 15 %; bench/guard.lua compares each run with them",
               from = runs[1].from, runs = {}, rows = {} }
   local seen = {}
   for _, run in ipairs(runs) do
@@ -335,6 +339,12 @@ function M.baseline_of(runs)
           if field == "x_floor" then worst, best = best, worst end
           row.spread = row.spread or {}
           row.spread[field] = WORSE[field](worst, best) - 1
+        end
+        local old = previous and previous.rows and previous.rows[id]
+        old = old and old.spread and old.spread[field]
+        if old and old > (row.spread and row.spread[field] or 0) then
+          row.spread = row.spread or {}
+          row.spread[field] = old
         end
       end
     end
@@ -428,7 +438,7 @@ if arg and arg[0] and arg[0]:match("guard%.lua$") then
     io.stderr:write("bench-baseline: ", err, "\n")
     os.exit(1)
   end
-  local b = M.baseline_of(runs)
+  local b = M.baseline_of(runs, read_json(M.BASELINE))
   local n = 0
   for _ in pairs(b.rows) do n = n + 1 end
   assert(write_file(M.BASELINE, json.encode(b)))
