@@ -5,8 +5,10 @@
 #   make check-asan       the same specs under AddressSanitizer + UBSan,
 #                         plus a short fuzz run of the decoder
 #   make check            both of the above, then one "N passed, N failed" line
-#   make bench            benchmarks against the floors and Python's peers,
-#                         compared with bench/baseline.json (REGRESSED rows)
+#   make bench            benchmarks against the floors and the peers (Python's
+#                         multiprocessing; torch and GNU parallel where installed:
+#                         sh scripts/install-deps.sh bench), compared with
+#                         bench/baseline.json (REGRESSED rows)
 #   make bench-baseline   the median ratios of the last (up to 3) full bench runs
 #                         of this commit -> bench/baseline.json
 #   make soak             the Pool's random fault injection, long (SOAK_SECONDS)
