@@ -90,6 +90,7 @@ static int fork_start(lua_State *L, mp_Context *ctx, int ctxidx, int fn,
   id = lua_gettop(L);
   mp_ledger_new(L, ctx->reports.fd);                  /* id ledger */
   collect_credit(L);
+  mp_settle_heap();  /* after the step, which frees */
   swap_in_place(L, id);                               /* old_id old_ledger */
   /* Anything still buffered would otherwise be printed by every child. */
   fflush(NULL);

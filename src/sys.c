@@ -74,6 +74,11 @@ void mp_prefault_heap(void) {
 #endif
 }
 
+void mp_settle_heap(void) {
+  void *volatile p = malloc(HEAP_SETTLE_BYTES);  /* volatile: kept */
+  free(p);
+}
+
 char *mp_file_of(const void *code, const char **name) {
   Dl_info info;
   *name = NULL;

@@ -35,6 +35,18 @@ int    mp_read_uint(const char **p, unsigned long long *v);
 #define HEAP_PREFAULT_MAX (1024 * 1024)
 void   mp_prefault_heap(void);
 
+/* Before forking children: glibc keeps small freed chunks on its "fast"
+** lists, and the first request of a larger size that finds any merges
+** them all (malloc_consolidate), writing beside each one.  In a fork child
+** each such page of the parent's heap is a copy-on-write fault: a Pool
+** worker, whose Lua stack grows past its first 40 slots, took 110-220 of
+** them in one start of its pool out of twenty.  One such request here, in
+** the parent, merges them once for all the children (and for the parent's
+** own next large request, which would copy the pages the children share).
+** Any other malloc: a request and a free. */
+#define HEAP_SETTLE_BYTES 4096   /* past glibc's tcache (1032), below mmap */
+void   mp_settle_heap(void);
+
 /* The absolute path of the loaded file (a module) that holds the code at
 ** 'code', as realpath gives it (the caller frees it), or NULL; *name is
 ** the path the dynamic linker loaded that file by, or NULL when it knows
