@@ -9,8 +9,9 @@
 --     (default chunking)
 --   lua_pool_apply: tasks/s of APPLYN apply_async(f, {i}), then get() each
 --   lua_pool_start: ms of mp.Pool(4) + close + join, in a fresh process
---     (MAPN = APPLYN = 0: nothing else is measured), as start_processes
---     is; after the rows above it is lua_pool_start_heap: the same in a
+--     (MAPN = APPLYN = 0: nothing else is measured), alternated with its
+--     floor, lua_start (n = 4): start_processes of 4 trivial workers;
+--     after the rows above it is lua_pool_start_heap: the same in a
 --     process that holds their lists (a 12 MB heap a fork copies)
 -- f is function(x) return x end.  The pool is warmed up (one small map)
 -- before timing, and the rows of whole chunks by as many calls as they
@@ -106,18 +107,35 @@ measure("lua_pool_apply", applyn, function(pool)
 end)
 end
 
+-- In a fresh process (START == "lua_pool_start") the row's floor is
+-- measured beside it: start_processes of 4 trivial workers with the same
+-- method, alternated with the pools, so that the drift of a noisy machine
+-- hits both alike (measured apart, minutes from each other, their ratio
+-- moved 1.37-1.70x between runs of the same code).
+local PAIRED = START == "lua_pool_start"
+local function trivial() end
 local ok, e = pcall(function()
-  local s = {}
+  local s, fl = {}, {}
   local warm = mp.Pool(2, { start_method = method })   -- forkserver: running
   warm:close()
   warm:join()
+  if PAIRED then mp.start_processes(trivial, {}, 2, true, false, method) end
   for r = 1, reps do
     local t0 = B.now()
     local pool = mp.Pool(4, { start_method = method })
     pool:close()
     pool:join()
     s[r] = (B.now() - t0) * 1e3
+    if PAIRED then
+      t0 = B.now()
+      mp.start_processes(trivial, {}, 4, true, false, method)
+      fl[r] = (B.now() - t0) * 1e3
+    end
   end
   B.emit { bench = START, method = method, samples = s }
+  if PAIRED then B.emit { bench = "lua_start", method = method, n = 4, samples = fl } end
 end)
-if not ok then B.skip(START, e, { method = method }) end
+if not ok then
+  B.skip(START, e, { method = method })
+  if PAIRED then B.skip("lua_start", e, { method = method, n = 4 }) end
+end

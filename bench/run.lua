@@ -447,13 +447,12 @@ for _ = 1, QUICK and 1 or 2 do
   py({ "py_codec/ints", "py_codec/floats", "py_codec/strings", "py_codec/nested" },
      "py_codec.py", tostring(reps(5)), 240)
 end
--- Pool start in a fresh process, as start_processes of 4 below is
+-- Pool start in a fresh process, its floor (start_processes of 4, the
+-- same method) alternated with it in that process
 for _, m in ipairs { "fork", "spawn", "forkserver" } do
-  lua({ "lua_pool_start/" .. m }, "lua_pool.lua", string.format("%s %d 0 0", m, reps(5)), 120)
+  lua({ "lua_pool_start/" .. m, "lua_start/" .. m .. "/4" }, "lua_pool.lua",
+      string.format("%s %d 0 0", m, reps(15)), 120)
   py({ "py_pool_start/" .. m }, "py_pool.py", string.format("%s %d 0 0", m, reps(3)), 240)
-end
-for _, m in ipairs { "fork", "spawn", "forkserver" } do
-  lua({ "lua_start/" .. m .. "/4" }, "lua_start.lua", m .. " " .. reps(10) .. " 4", 120)
 end
 
 -- Issue 9: the example engine host's frames while workers start, are
@@ -772,7 +771,8 @@ do
 
   rows = {}
   print("")
-  print("pool of 4: start + close + join (ms); floor: start_processes of 4 trivial workers, same method")
+  print("pool of 4: start + close + join (ms); floor: start_processes of 4 trivial workers, same method,")
+  print("alternated with the pools in one process")
   for _, m in ipairs { "fork", "spawn", "forkserver" } do
     row(rows, { name = "lua start_processes x4, " .. m .. " (floor)", key = "lua_start/" .. m .. "/4",
                 unit = "ms", is_floor = true })
