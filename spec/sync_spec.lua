@@ -402,6 +402,31 @@ describe("issue 8 features, in one process:", function()
   end)
 end)
 
+-- which process holds a lock is known without a getpid per call: from a
+-- page the kernel zeroes in a fork's child (sys.h, mp_self_pid)
+describe("a fork's copies of held locks", function()
+  H.leak_check(before_each, after_each)
+
+  it("hold nothing in the child, and the parent's hold is kept", function()
+    local r <close> = mp.RLock()
+    local q <close> = mp.Queue()
+    local g = r:guard()
+    local out = mp.start_processes(function()
+      local held = r:locked()             -- by the parent
+      local got = r:acquire(false)        -- not this process's to nest
+      local ok, err = pcall(g.release, g) -- the copy gives nothing back
+      q:put("from the child")
+      return { held, got, ok, err }
+    end, {}, 1, true, false, "fork")
+    assert.are.same({ true, false, true }, out[1])
+    assert.are.equal("from the child", q:get(5))
+    assert.is_true(r:acquire(false))      -- ours: it nests
+    r:release()
+    g:release()
+    assert.is_false(r:locked())
+  end)
+end)
+
 describe("issue 8, through a queue:", function()
   H.leak_check(before_each, after_each)
 

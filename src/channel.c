@@ -141,6 +141,7 @@ typedef struct Chan {
   int revfd, wevfd;       /* eventfds of rring / wring (a queue: one) */
   int slot;               /* our peer slot ... */
   pid_t slotpid;          /* ... in this process */
+  mp_Self *self;          /* which process this is (mp_self) */
   char *rbuf;             /* reused for received messages: fresh memory */
   size_t rbufcap;         /* for every big message means page faults */
   mp_Spare wbuf;          /* ... and for the encodings of sent ones */
@@ -208,12 +209,13 @@ static void ev_taken(Chan *c, int r) {
 /* --- attach / detach ----------------------------------------------------- */
 
 static void chan_attach(lua_State *L, Chan *c) {
-  if (c->slotpid == getpid()) return;
+  pid_t self = mp_self_pid(c->self);
+  if (c->slotpid == self) return;
   c->slot = mp_peers_attach(&chan_hdr(c)->peers, c->end);
   if (c->slot < 0)
     luaL_error(L, "%s: more than %d processes attached", chan_what(c),
                MP_NSLOTS);
-  c->slotpid = getpid();
+  c->slotpid = self;
 }
 
 static void chan_drain(lua_State *L, Chan *c, int only);
@@ -221,7 +223,7 @@ static void chan_drain(lua_State *L, Chan *c, int only);
 /* Closes this handle; the last user of the channel (or of a pipe's
 ** reading end) empties what nobody can read any more first. */
 static void chan_release(lua_State *L, Chan *c) {
-  if (c->seg.base && c->slotpid == getpid() && c->slot >= 0) {
+  if (c->seg.base && c->slotpid == mp_self_pid(c->self) && c->slot >= 0) {
     mp_Peers *p = &chan_hdr(c)->peers;
     mp_peers_detach(p, c->slot);
     c->slot = -1;
@@ -1484,7 +1486,7 @@ static int chan_gc(lua_State *L) {
 ** ever was), else that they are gone. */
 static const char *others(Chan *c) {
   int alive = mp_peers_alive(&chan_hdr(c)->peers,
-                             c->slotpid == getpid() ? c->slot : -1,
+                             c->slotpid == mp_self_pid(c->self) ? c->slot : -1,
                              c->kind == K_CONN ? c->end : -1);
   if (c->kind == K_CONN) return alive < 0 ? ", the other end closed" : "";
   return alive < 0 ? ", every other process gone" : "";
@@ -1536,8 +1538,10 @@ static int chan_tostring(lua_State *L) {
 /* --- creation ------------------------------------------------------------ */
 
 static Chan *newchan(lua_State *L, int kind, int joinable) {
+  mp_Self *self = mp_self(L);   /* first: its page outlives every channel */
   Chan *c = (Chan *)lua_newuserdatauv(L, sizeof(Chan), 0);
   memset(c, 0, sizeof *c);
+  c->self = self;
   c->seg.fd = -1;
   c->rsock = c->wsock = c->revfd = c->wevfd = -1;
   c->slot = -1;

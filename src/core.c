@@ -26,6 +26,35 @@ void mp_swap_registry(lua_State *L, const char *key, int idx) {
   lua_replace(L, idx);                              /* */
 }
 
+#define SELF_KEY "multiprocessing.self"
+
+static int self_gc(lua_State *L) {
+  mp_Self **box = (mp_Self **)lua_touserdata(L, 1);
+  mp_self_free(*box);
+  *box = NULL;
+  return 0;
+}
+
+mp_Self *mp_self(lua_State *L) {
+  mp_Self **box;
+  if (lua_getfield(L, LUA_REGISTRYINDEX, SELF_KEY) == LUA_TUSERDATA) {
+    box = (mp_Self **)lua_touserdata(L, -1);                /* box */
+  } else {
+    lua_pop(L, 1);                                          /* */
+    box = (mp_Self **)lua_newuserdatauv(L, sizeof *box, 0); /* box */
+    *box = NULL;
+    lua_createtable(L, 0, 1);                               /* box mt */
+    lua_pushcfunction(L, self_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_setmetatable(L, -2);                                /* box */
+    *box = mp_self_new();
+    lua_pushvalue(L, -1);                                   /* box box */
+    lua_setfield(L, LUA_REGISTRYINDEX, SELF_KEY);           /* box */
+  }
+  lua_pop(L, 1);                                            /* */
+  return *box;
+}
+
 /* Registers 'methods' into the table at the top, each a closure whose
 ** upvalue 1 is its public name, "Type.method" (args.c reads it). */
 static void set_methods(lua_State *L, const char *tname,

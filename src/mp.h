@@ -4,10 +4,12 @@
 **
 ** The module
 **   core.c         the module table: opens every part from one list;
-**                  mp_new_class and the small helpers every part uses
+**                  mp_new_class and the small helpers every part uses (the
+**                  state's mp_self page among them)
 **   args.c         argument errors that name "Type.method"; timeouts
-**   sys.c, sys.h   the clock, whole writes and marks, with no Lua (also compiled
-**                  into the launcher module)
+**   sys.c, sys.h   the clock, whole writes and marks, which process we are
+**                  (a page a fork's child gets zeroed), malloc settled before
+**                  a fork, with no Lua (also compiled into the launcher module)
 **   mp.h           this map; what the process files share
 **   sharing.h      what the data-sharing files share: segments, waits,
 **                  locks, peer slots
@@ -502,6 +504,10 @@ int    mp_push_errno(lua_State *L, const char *what, int err); /* pushes msg */
 ** in place what its forks find there before it forks, and the old value
 ** back after, one call each. */
 void   mp_swap_registry(lua_State *L, const char *key, int idx);
+/* This Lua state's page that knows our pid (sys.h), made on first use and
+** unmapped when the state closes: a userdata in the registry, made before
+** the caller's own (so finalized after it), or NULL. */
+mp_Self *mp_self(lua_State *L);
 void   mp_push_method(lua_State *L);         /* for __index, see core.c */
 /* Creates (and leaves on the stack) the metatable 'tname' of a type, with
 ** the metamethods 'meta' and the 'methods' (or NULL): they are its __index,

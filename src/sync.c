@@ -309,6 +309,7 @@ typedef struct Sync {
   int recovered;         /* Lock/RLock: the last acquire took over */
   pid_t holder;          /* this process holds the mutex ... */
   int depth;             /* ... this many times */
+  mp_Self *self;         /* which process this is (mp_self) */
 } Sync;
 
 /* Segments: a Condition has one of its own (its waiters' slots follow the
@@ -365,12 +366,15 @@ static Sync *tosync(lua_State *L, int idx, int kind) {
 ** (popped). */
 static Sync *newsync(lua_State *L, int kind, uint32_t off) {
   mp_Map *m = (mp_Map *)lua_touserdata(L, -1);
+  mp_Self *self;
   Sync *s;
   /* used before anything allocates: a collection could otherwise close
   ** the last object on it and unmap it under us */
   mp_map_use(m);
+  self = mp_self(L);   /* before s: its page outlives every object */
   s = (Sync *)lua_newuserdatauv(L, sizeof(Sync), 2);         /* map s */
   memset(s, 0, sizeof *s);
+  s->self = self;
   s->kind = kind;
   s->off = off;
   s->map = m;
@@ -429,7 +433,7 @@ static Sync *createsync(lua_State *L, int kind) {
 }
 
 static void sync_release_all(Sync *s) {
-  if (s->map && s->depth > 0 && s->holder == getpid())
+  if (s->map && s->depth > 0 && s->holder == mp_self_pid(s->self))
     while (s->depth-- > 0) pthread_mutex_unlock(&sync_hdr(s)->m);
   s->depth = 0;
 }
@@ -514,7 +518,8 @@ static int sync_acquire(lua_State *L, Sync *s, double t) {
       st = mp_wait_for(&w, &on);
     }
     if (st == MP_OK || st == MP_OWNERDEAD) {
-      if (s->holder != getpid()) { s->holder = getpid(); s->depth = 0; }
+      pid_t self = mp_self_pid(s->self);
+      if (s->holder != self) { s->holder = self; s->depth = 0; }
       s->depth++;
       s->recovered = st == MP_OWNERDEAD ||
                      __atomic_exchange_n(&h->died, 0, __ATOMIC_ACQ_REL);
@@ -539,7 +544,7 @@ static void sync_release(lua_State *L, Sync *s, lua_Integer n,
     if (e == EPERM)
       luaL_error(L, "%s: not held by this process", what);
     if (e != 0) mp_status_error(L, what, e);
-    if (s->holder == getpid() && s->depth > 0) s->depth--;
+    if (s->holder == mp_self_pid(s->self) && s->depth > 0) s->depth--;
   } else {
     uint32_t v = __atomic_load_n(&h->value, __ATOMIC_ACQUIRE), nv;
     do {
@@ -583,7 +588,7 @@ static int lock_locked(lua_State *L) {
   Sync *s = checksync(L, 1, LOCKLIKE, "Lock, RLock or Condition");
   SyncHdr *h = sync_hdr(s);
   int e;
-  if (s->holder == getpid() && s->depth > 0) {
+  if (s->holder == mp_self_pid(s->self) && s->depth > 0) {
     lua_pushboolean(L, 1);
     return 1;
   }
@@ -628,7 +633,7 @@ static int lock_guard(lua_State *L) {
   }
   g = (Guard *)lua_newuserdatauv(L, sizeof(Guard), 1);    /* s g */
   g->held = 1;
-  g->pid = getpid();
+  g->pid = mp_self_pid(s->self);
   lua_pushvalue(L, 1);
   lua_setiuservalue(L, -2, 1);
   luaL_setmetatable(L, GUARD_T);
@@ -637,11 +642,12 @@ static int lock_guard(lua_State *L) {
 
 static int guard_release(lua_State *L) {
   Guard *g = (Guard *)luaL_checkudata(L, 1, GUARD_T);
-  if (g->held && g->pid == getpid()) {
-    Sync *s;
+  Sync *s;
+  if (!g->held) return 0;
+  lua_getiuservalue(L, 1, 1);                               /* g s */
+  s = (Sync *)lua_touserdata(L, -1);
+  if (g->pid == mp_self_pid(s->self)) {
     g->held = 0;
-    lua_getiuservalue(L, 1, 1);                             /* g s */
-    s = (Sync *)lua_touserdata(L, -1);
     if (s->map) sync_release(L, s, 1, "Guard.release");
   }
   return 0;
@@ -724,7 +730,7 @@ static int slot_notified(void *arg) {
 
 static Sync *held_cond(lua_State *L) {
   Sync *s = tosync(L, 1, K_COND);
-  if (s->holder != getpid() || s->depth < 1)
+  if (s->holder != mp_self_pid(s->self) || s->depth < 1)
     luaL_error(L, "%s: the lock is not held by this process",
                sync_method(L));
   return s;
@@ -780,7 +786,7 @@ static int cond_wait_for(lua_State *L, Sync *s, double t) {
                       sync_method(L), COND_NSLOTS);
   if ((uint32_t)(mine - slot) >= h->hi) h->hi = (uint32_t)(mine - slot) + 1;
   mine->ticket = h->arrivals++;
-  mine->pid = (int32_t)getpid();
+  mine->pid = (int32_t)mp_self_pid(s->self);
   __atomic_store_n(&mine->state, SLOT_WAITING, __ATOMIC_RELEASE);
   on.word = &mine->state;
   on.waiters = NULL;

@@ -79,6 +79,40 @@ void mp_settle_heap(void) {
   free(p);
 }
 
+mp_Self *mp_self_new(void) {
+#ifdef MADV_WIPEONFORK
+  size_t page = (size_t)getpagesize();
+  void *p = mmap(NULL, page, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  if (madvise(p, page, MADV_WIPEONFORK) != 0) {
+    munmap(p, page);
+    return NULL;
+  }
+  return (mp_Self *)p;
+#else
+  return NULL;
+#endif
+}
+
+void mp_self_free(mp_Self *s) {
+  if (s != NULL) munmap(s, (size_t)getpagesize());
+}
+
+/* The first access is a write (an atomic or of 0): in a fork's child that
+** is one page fault for a zeroed page, where a read first would be two
+** (the zero page mapped, then copied at the store). */
+pid_t mp_self_pid(mp_Self *s) {
+  pid_t pid;
+  if (s == NULL) return getpid();
+  pid = __atomic_fetch_or(&s->pid, 0, __ATOMIC_RELAXED);
+  if (pid == 0) {
+    pid = getpid();
+    __atomic_store_n(&s->pid, pid, __ATOMIC_RELAXED);
+  }
+  return pid;
+}
+
 char *mp_file_of(const void *code, const char **name) {
   Dl_info info;
   *name = NULL;

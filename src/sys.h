@@ -1,7 +1,8 @@
 /*
 ** sys.h -- system helpers that need no Lua and no context (sys.c): the
 ** clock, whole writes, marks (a shared word a process sets once), text
-** without printf, the heap populated ahead and the file of a module.
+** without printf, the heap populated ahead or settled before a fork, which
+** process we are, and the file of a module.
 ** Compiled into the core and into the launcher module alike, so neither
 ** keeps a copy of its own.
 */
@@ -46,6 +47,17 @@ void   mp_prefault_heap(void);
 ** Any other malloc: a request and a free. */
 #define HEAP_SETTLE_BYTES 4096   /* past glibc's tcache (1032), below mmap */
 void   mp_settle_heap(void);
+
+/* Which process we are, without a system call per question: getpid is
+** one (about 1 us on a VM, where a Queue round trip took 4 of them, half
+** its time).  A page of our own that the kernel gives a fork's child
+** zeroed (MADV_WIPEONFORK, Linux 4.14) remembers the pid: a getpid the
+** first time in each process, a load after.  mp_self_new gives NULL where
+** the page cannot be had; mp_self_pid(NULL) is getpid(). */
+typedef struct mp_Self { pid_t pid; } mp_Self;
+mp_Self *mp_self_new(void);
+void     mp_self_free(mp_Self *s);
+pid_t    mp_self_pid(mp_Self *s);
 
 /* The absolute path of the loaded file (a module) that holds the code at
 ** 'code', as realpath gives it (the caller frees it), or NULL; *name is
