@@ -60,7 +60,7 @@ for _, method in ipairs(H.methods) do
 
     -- glibc merges every small freed chunk it holds at the first larger
     -- request (malloc_consolidate): in a fork, a write beside each, on
-    -- pages the parent shares -- ~950 page faults here for one string,
+    -- pages the parent shares -- about a thousand page faults here for one string,
     -- unless the parent merged them before it forked (sys.h)
     if method == "fork" then
       it("leaves a worker's first large allocation no copy of the parent's free lists", function()
