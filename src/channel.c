@@ -208,14 +208,18 @@ static void ev_taken(Chan *c, int r) {
 
 /* --- attach / detach ----------------------------------------------------- */
 
+/* 1 when this process attached c (a fork's copy must attach anew) */
+static int attached_here(Chan *c) {
+  return c->slotpid == mp_self_pid(c->self);
+}
+
 static void chan_attach(lua_State *L, Chan *c) {
-  pid_t self = mp_self_pid(c->self);
-  if (c->slotpid == self) return;
+  if (attached_here(c)) return;
   c->slot = mp_peers_attach(&chan_hdr(c)->peers, c->end);
   if (c->slot < 0)
     luaL_error(L, "%s: more than %d processes attached", chan_what(c),
                MP_NSLOTS);
-  c->slotpid = self;
+  c->slotpid = mp_self_pid(c->self);
 }
 
 static void chan_drain(lua_State *L, Chan *c, int only);
@@ -223,7 +227,7 @@ static void chan_drain(lua_State *L, Chan *c, int only);
 /* Closes this handle; the last user of the channel (or of a pipe's
 ** reading end) empties what nobody can read any more first. */
 static void chan_release(lua_State *L, Chan *c) {
-  if (c->seg.base && c->slotpid == mp_self_pid(c->self) && c->slot >= 0) {
+  if (c->seg.base && attached_here(c) && c->slot >= 0) {
     mp_Peers *p = &chan_hdr(c)->peers;
     mp_peers_detach(p, c->slot);
     c->slot = -1;
@@ -1486,7 +1490,7 @@ static int chan_gc(lua_State *L) {
 ** ever was), else that they are gone. */
 static const char *others(Chan *c) {
   int alive = mp_peers_alive(&chan_hdr(c)->peers,
-                             c->slotpid == mp_self_pid(c->self) ? c->slot : -1,
+                             attached_here(c) ? c->slot : -1,
                              c->kind == K_CONN ? c->end : -1);
   if (c->kind == K_CONN) return alive < 0 ? ", the other end closed" : "";
   return alive < 0 ? ", every other process gone" : "";

@@ -432,8 +432,13 @@ static Sync *createsync(lua_State *L, int kind) {
   return s;
 }
 
+/* 1 when this process holds s (a fork's copy of a held lock holds nothing) */
+static int held_here(Sync *s) {
+  return s->depth > 0 && s->holder == mp_self_pid(s->self);
+}
+
 static void sync_release_all(Sync *s) {
-  if (s->map && s->depth > 0 && s->holder == mp_self_pid(s->self))
+  if (s->map && held_here(s))
     while (s->depth-- > 0) pthread_mutex_unlock(&sync_hdr(s)->m);
   s->depth = 0;
 }
@@ -544,7 +549,7 @@ static void sync_release(lua_State *L, Sync *s, lua_Integer n,
     if (e == EPERM)
       luaL_error(L, "%s: not held by this process", what);
     if (e != 0) mp_status_error(L, what, e);
-    if (s->holder == mp_self_pid(s->self) && s->depth > 0) s->depth--;
+    if (held_here(s)) s->depth--;
   } else {
     uint32_t v = __atomic_load_n(&h->value, __ATOMIC_ACQUIRE), nv;
     do {
@@ -588,7 +593,7 @@ static int lock_locked(lua_State *L) {
   Sync *s = checksync(L, 1, LOCKLIKE, "Lock, RLock or Condition");
   SyncHdr *h = sync_hdr(s);
   int e;
-  if (s->holder == mp_self_pid(s->self) && s->depth > 0) {
+  if (held_here(s)) {
     lua_pushboolean(L, 1);
     return 1;
   }
@@ -730,7 +735,7 @@ static int slot_notified(void *arg) {
 
 static Sync *held_cond(lua_State *L) {
   Sync *s = tosync(L, 1, K_COND);
-  if (s->holder != mp_self_pid(s->self) || s->depth < 1)
+  if (!held_here(s))
     luaL_error(L, "%s: the lock is not held by this process",
                sync_method(L));
   return s;
