@@ -9,6 +9,7 @@ local M = {}
 local bc = require "benchclock"   -- build/bench/benchclock.so (bench/benchclock.c)
 M.now = bc.now
 M.sleep = bc.sleep
+M.fork_floor = bc.fork_floor
 
 -- One line of an error value: a string, an exception object with .msg, or
 -- anything tostring() can show.

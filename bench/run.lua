@@ -371,7 +371,9 @@ local function keys(prefix, method, ns)
 end
 for _ = 1, 2 do
   floor(keys("floor_fork", nil, NS), "floor_fork", reps(15) .. " 1 16 64", 120)
-  lua(keys("lua_start", "fork", NS), "lua_start.lua", "fork " .. reps(15) .. " 1 16 64", 120)
+  -- ours alternates with its Lua floor (floor_fork_lua) in one process
+  lua(table.move(keys("floor_fork_lua", nil, NS), 1, #NS, #NS + 1, keys("lua_start", "fork", NS)),
+      "lua_start.lua", "fork " .. reps(15) .. " 1 16 64", 120)
   floor(keys("floor_fork_safe", nil, NS), "floor_fork", "--safe " .. reps(15) .. " 1 16 64", 120)
 end
 -- Issue 17: system calls per fork worker, ours and the floor's (strace -f -c;
@@ -473,16 +475,23 @@ for _, n in ipairs(NS) do
               floor = fk })
   row(rows, { name = "C floor + each worker's guarantees", key = "floor_fork_safe/" .. n, unit = "ms",
               floor = fk })
+  row(rows, { name = "Lua floor: the guarantees + fn called", key = "floor_fork_lua/" .. n, unit = "ms",
+              floor = fk })
   print("")
   print(string.format("N = %d", n))
   tabulate(HEAD, rows)
-  local l, g = med("lua_start/fork/" .. n), med("floor_fork_safe/" .. n)
+  local l, g, lf = med("lua_start/fork/" .. n), med("floor_fork_safe/" .. n), med("floor_fork_lua/" .. n)
   if l and g then
     print(string.format("    lua against the floor with the guarantees: %s", fmtx(l / g)))
   end
+  if l and lf then
+    print(string.format("    lua against the Lua floor (measured beside it): %s", fmtx(l / lf)))
+  end
 end
 print("    the guarantees: the child's own group, SIGINT's handler dropped, the lifeline, its name;")
-print("    the parent's pidfd, group sweep and reap through it (bench/floor_fork.c --safe)")
+print("    the parent's pidfd, group sweep and reap through it (bench/guarantees.h).  The Lua floor:")
+print("    forks of the bench's own Lua process that keep them and call fn(i) with lua_pcall, then")
+print("    flush and _exit (benchclock.fork_floor): what any fork worker running Lua does")
 
 section("Issue 2: failure latency, 8 fork workers, worker 3 raises, the others sleep")
 do
