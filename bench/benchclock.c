@@ -57,9 +57,12 @@ static int l_memcpy(lua_State *L) {
   return 1;
 }
 
-/* fork_floor(n, fn); the lifeline is its upvalue (made on the first call). */
+/* fork_floor(n, fn).  Its lifeline is its upvalue, made on the first call
+** and held for the life of the process (its write end is what the
+** children's lifelines wait on).  A fork that fails raises once the
+** children already started are reaped. */
 static int l_fork_floor(lua_State *L) {
-  int n = (int)luaL_checkinteger(L, 1), i;
+  int n = (int)luaL_checkinteger(L, 1), i, err = 0;
   Lifeline *l = lua_touserdata(L, lua_upvalueindex(1));
   pid_t pids[MAXN];
   int pidfds[MAXN];
@@ -78,11 +81,16 @@ static int l_fork_floor(lua_State *L) {
       fflush(NULL);
       _exit(0);
     }
-    if (p < 0) return luaL_error(L, "fork: %s", strerror(errno));
+    if (p < 0) {
+      err = errno;
+      break;
+    }
     pids[i] = p;
     pidfds[i] = guarantees_pidfd(p);
   }
+  n = i;
   for (i = 0; i < n; i++) guarantees_reap(pids[i], pidfds[i]);
+  if (err != 0) return luaL_error(L, "fork: %s", strerror(err));
   return 0;
 }
 

@@ -63,10 +63,15 @@ static int guarantees_pidfd(pid_t pid) {
 }
 
 /* The parent's share, once the child was started: wait on its pidfd,
-** sweep its group, reap it through the pidfd. */
+** sweep its group, reap it through the pidfd (with no pidfd: waitpid). */
 static void guarantees_reap(pid_t pid, int pidfd) {
   struct pollfd pfd;
   siginfo_t si;
+  int st;
+  if (pidfd < 0) {
+    while (waitpid(pid, &st, 0) < 0) {}
+    return;
+  }
   pfd.fd = pidfd;
   pfd.events = POLLIN;
   while (poll(&pfd, 1, -1) < 0) {}   /* exited: readable */

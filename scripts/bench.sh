@@ -10,7 +10,7 @@ mkdir -p build/bench
 # The floors bind their symbols at start (-z now), as our library is bound
 # when require loads it: a fork child that calls _exit (or, --safe, setpgid,
 # open, fcntl...) first would otherwise look each one up in the dynamic
-# linker, 8 of the 17 page faults of a floor_fork child, and the floor
+# linker, 8 of the 16 page faults of a floor_fork child, and the floor
 # would measure ld.so, not fork.
 for f in floor_fork floor_spawn floor_pipe floor_fdpass time_cmd; do
     "$CC" -O2 -Wl,-z,now -o "build/bench/$f" "bench/$f.c" ||
