@@ -30,13 +30,15 @@ typedef struct Lifeline {
   char path[64];   /* /proc/self/fd/<fd[0]>: a child opens its own file */
 } Lifeline;
 
-/* 0, or -1 when the pipe could not be made. */
+/* 0, or -1 when the pipe could not be made.  An end that cannot move high
+** (a low descriptor limit) stays where it is, as the library's does. */
 static int lifeline_make(Lifeline *l) {
   int p[2], end;
   if (pipe2(p, O_CLOEXEC) != 0) return -1;
   for (end = 0; end < 2; end++) {
-    l->fd[end] = fcntl(p[end], F_DUPFD_CLOEXEC, 960);
-    close(p[end]);
+    int high = fcntl(p[end], F_DUPFD_CLOEXEC, 960);
+    if (high >= 0) close(p[end]);
+    l->fd[end] = high >= 0 ? high : p[end];
   }
   snprintf(l->path, sizeof l->path, "/proc/self/fd/%d", l->fd[0]);
   return 0;
